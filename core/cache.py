@@ -1,0 +1,145 @@
+"""The KV cache: the only module that touches transformers' Cache API.
+
+`new_cache(config, kv)` gives a `DynamicCache` (bf16) or one whose layers store keys and values as int8 with
+one bf16 scale per token and head (symmetric absmax), appended in place into growing buffers. transformers'
+own `QuantizedCache` offers only 2/4-bit quanto/HQQ or per-tensor fp8, so the int8 layer is ours, built on
+its `DynamicLayer` so that crop / batch_repeat_interleave / batch_select_indices keep working.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+
+INITIAL_CAPACITY = 256
+
+
+def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x: (B, H, T, D) -> int8 (B, H, T, D) and bf16 scales (B, H, T, 1), absmax per token and head."""
+    scale = x.abs().amax(dim=-1, keepdim=True).float().clamp_(min=1e-8) / 127.0
+    q = torch.round(x.float() / scale).clamp_(-127, 127).to(torch.int8)
+    return q, scale.to(torch.bfloat16)
+
+
+def dequantize_int8(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return q.to(dtype) * scale.to(dtype)
+
+
+class Int8KVLayer(DynamicLayer):
+    """One layer's keys/values in int8 + per-(token, head) scales, in buffers that double when full."""
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device = key_states.device
+        self.dtype = key_states.dtype
+        self.length = 0
+        b, h, _, d = key_states.shape
+        cap = max(INITIAL_CAPACITY, key_states.shape[-2])
+        self.qk = torch.empty(b, h, cap, d, dtype=torch.int8)
+        self.qv = torch.empty(b, h, cap, value_states.shape[-1], dtype=torch.int8)
+        self.sk = torch.empty(b, h, cap, 1, dtype=torch.bfloat16)
+        self.sv = torch.empty(b, h, cap, 1, dtype=torch.bfloat16)
+        self.keys = self.values = None
+        self.is_initialized = True
+
+    def _ensure_capacity(self, needed: int) -> None:
+        cap = self.qk.shape[-2]
+        if needed <= cap:
+            return
+        new_cap = max(needed, cap * 2)
+        for name in ("qk", "qv", "sk", "sv"):
+            old = getattr(self, name)
+            grown = torch.empty(*old.shape[:2], new_cap, old.shape[-1], dtype=old.dtype)
+            grown[:, :, : self.length] = old[:, :, : self.length]
+            setattr(self, name, grown)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        t = key_states.shape[-2]
+        self._ensure_capacity(self.length + t)
+        end = self.length + t
+        qk, sk = quantize_int8(key_states)
+        qv, sv = quantize_int8(value_states)
+        self.qk[:, :, self.length:end] = qk
+        self.sk[:, :, self.length:end] = sk
+        self.qv[:, :, self.length:end] = qv
+        self.sv[:, :, self.length:end] = sv
+        self.length = end
+        keys = dequantize_int8(self.qk[:, :, :end], self.sk[:, :, :end], self.dtype)
+        values = dequantize_int8(self.qv[:, :, :end], self.sv[:, :, :end], self.dtype)
+        return keys, values
+
+    def get_seq_length(self) -> int:
+        return self.length if self.is_initialized else 0
+
+    def reset(self) -> None:
+        self.is_initialized = False
+        self.length = 0
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove > 0:
+            raise ValueError("crop takes a negative number of tokens to remove")
+        if self.is_initialized:
+            self.length = max(0, self.length + tokens_to_remove)
+
+    def _map_rows(self, fn) -> None:
+        if not self.is_initialized:
+            return
+        for name in ("qk", "qv", "sk", "sv"):
+            setattr(self, name, fn(getattr(self, name)[:, :, : max(self.length, 1)]).contiguous())
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._map_rows(lambda t: t.repeat_interleave(repeats, dim=0))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._map_rows(lambda t: t[indices])
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self._map_rows(lambda t: t.index_select(0, beam_idx))
+
+    def nbytes(self) -> int:
+        if not self.is_initialized:
+            return 0
+        per_token = sum(getattr(self, n)[:, :, :1].numel() * getattr(self, n).element_size()
+                        for n in ("qk", "qv", "sk", "sv"))
+        return per_token * self.length
+
+
+def new_cache(config, kv: str = "bf16") -> Cache:
+    """An empty cache for `config`'s decoder: DynamicCache for bf16, int8 layers for 'int8'."""
+    if kv == "bf16":
+        return DynamicCache(config=config)
+    if kv == "int8":
+        return Cache(layers=[Int8KVLayer() for _ in range(config.num_hidden_layers)])
+    raise ValueError(f"unknown KV format {kv!r}")
+
+
+def cache_bytes(cache: Cache) -> int:
+    """Bytes the cache holds right now (keys + values + scales)."""
+    total = 0
+    for layer in cache.layers:
+        if isinstance(layer, Int8KVLayer):
+            total += layer.nbytes()
+        elif getattr(layer, "keys", None) is not None and layer.keys.numel():
+            total += layer.keys.numel() * layer.keys.element_size() + layer.values.numel() * layer.values.element_size()
+    return total
+
+
+def cache_length(cache: Cache) -> int:
+    return cache.get_seq_length()
+
+
+def fork(cache: Cache, n: int) -> Cache:
+    """A deep copy whose rows are the original's repeated n times (for N streams from one prefill)."""
+    clone = copy.deepcopy(cache)
+    if n > 1:
+        clone.batch_repeat_interleave(n)
+    return clone
+
+
+def crop(cache: Cache, length: int) -> None:
+    """Drop everything after the first `length` tokens."""
+    extra = cache.get_seq_length() - length
+    if extra > 0:
+        cache.crop(-extra)

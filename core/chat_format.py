@@ -1,0 +1,58 @@
+"""Messages to prompt token ids through the model's own chat template, with user text kept as text.
+
+Text typed by a person (any message content) never becomes control tokens: `<|im_start|>`, `<|im_end|>` or
+`<think>` inside a message are tokenized as plain characters. The template's own markup is tokenized
+normally. Knows nothing about models or generation.
+"""
+from __future__ import annotations
+
+import re
+import secrets
+from collections.abc import Sequence
+
+DEFAULT_SYSTEM = "You are Ponder, a helpful assistant running offline on this computer. Answer clearly and concisely."
+
+
+def normalise_messages(messages: Sequence[dict] | str, system: str | None = None) -> list[dict]:
+    """Accept a plain string or [{'role','content'}]; add the system message when one is given and none exists."""
+    if isinstance(messages, str):
+        messages = [{"role": "user", "content": messages}]
+    out = [{"role": m["role"], "content": str(m.get("content", ""))} for m in messages]
+    for m in out:
+        if m["role"] not in ("system", "user", "assistant"):
+            raise ValueError(f"unknown message role {m['role']!r}")
+    if system and (not out or out[0]["role"] != "system"):
+        out.insert(0, {"role": "system", "content": system})
+    return out
+
+
+def build_prompt_ids(tokenizer, messages: Sequence[dict] | str, *, system: str | None = DEFAULT_SYSTEM,
+                     add_generation_prompt: bool = True) -> list[int]:
+    """Render the chat template and tokenize it so that message contents cannot inject special tokens."""
+    msgs = normalise_messages(messages, system)
+    tag = secrets.token_hex(8)
+    sentinels = [f"\x00{tag}:{i}\x00" for i in range(len(msgs))]
+    templated = [{"role": m["role"], "content": s} for m, s in zip(msgs, sentinels)]
+    rendered = tokenizer.apply_chat_template(templated, tokenize=False, add_generation_prompt=add_generation_prompt)
+    pieces = re.split(f"(\x00{tag}:\\d+\x00)", rendered)
+    ids: list[int] = []
+    for piece in pieces:
+        if not piece:
+            continue
+        if piece.startswith(f"\x00{tag}:"):
+            content = msgs[int(piece[len(tag) + 2:-1])]["content"]
+            ids += tokenizer(content, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+        else:
+            ids += tokenizer(piece, add_special_tokens=False)["input_ids"]
+    return ids
+
+
+def stop_token_ids(tokenizer) -> set[int]:
+    """Token ids that end an assistant turn: <|im_end|>, <|endoftext|> and the tokenizer's eos."""
+    ids = set()
+    for tok in ("<|im_end|>", "<|endoftext|>", tokenizer.eos_token):
+        if tok:
+            tid = tokenizer.convert_tokens_to_ids(tok)
+            if isinstance(tid, int) and tid >= 0 and tid != tokenizer.unk_token_id:
+                ids.add(tid)
+    return ids

@@ -1,0 +1,76 @@
+"""Configuration dataclasses: one docstring per field, validation in `__post_init__`."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from models.quantization import PRECISIONS
+from models.registry import DEFAULT_MODEL_ID
+
+KV_FORMATS = ("bf16", "int8")
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How the next token is picked and when generation stops."""
+
+    temperature: float = 0.7
+    """0 means greedy (argmax), deterministic."""
+    top_p: float = 0.9
+    """Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p (1 = off)."""
+    top_k: int = 40
+    """Keep only the k most likely tokens (0 = off)."""
+    repetition_penalty: float = 1.05
+    """>1 discourages tokens already in the prompt or output (1 = off)."""
+    max_tokens: int = 512
+    """Upper bound on generated tokens."""
+    seed: int | None = None
+    """Seed for this request's own torch.Generator; None draws a fresh one."""
+    stop: tuple[str, ...] = field(default_factory=tuple)
+    """Strings that end the answer; the matched text is not part of it."""
+    ignore_eos: bool = False
+    """Keep going past end-of-turn tokens (benchmarks only)."""
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ValueError("temperature must be >= 0")
+        if not 0 < self.top_p <= 1:
+            raise ValueError("top_p must be in (0, 1]")
+        if self.top_k < 0:
+            raise ValueError("top_k must be >= 0")
+        if self.repetition_penalty <= 0:
+            raise ValueError("repetition_penalty must be > 0")
+        if self.max_tokens < 1:
+            raise ValueError("max_tokens must be >= 1")
+        object.__setattr__(self, "stop", tuple(s for s in self.stop if s))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Which model the engine loads and how."""
+
+    model_id: str = DEFAULT_MODEL_ID
+    """Store name of the model (see `ponder models`)."""
+    precision: str = "w4"
+    """Weights: fp32, bf16, w8 (int8) or w4 (int4, group 128); activations are bf16 except fp32."""
+    kv: str = "int8"
+    """KV cache: bf16, or int8 with one scale per token and head."""
+    head_bits: int = 4
+    """Bits of the quantized LM head (4 or 8) when precision is w4/w8."""
+    threads: int | None = None
+    """Torch CPU threads; None = number of physical cores."""
+    context: int = 8192
+    """Maximum tokens of prompt plus answer."""
+
+    def __post_init__(self):
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}")
+        if self.kv not in KV_FORMATS:
+            raise ValueError(f"kv must be one of {KV_FORMATS}")
+        if self.head_bits not in (4, 8):
+            raise ValueError("head_bits must be 4 or 8")
+        if self.precision == "fp32" and self.kv == "int8":
+            object.__setattr__(self, "kv", "bf16")

@@ -1,0 +1,52 @@
+"""Immutable values that cross threads: streamed tokens and finished answers. No tensors, no Qt."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """A piece of streamed text. `kind` is 'answer' (later also 'thinking')."""
+
+    text: str
+    kind: str = "answer"
+    index: int = 0
+    """Position of the token in this answer (0-based)."""
+
+
+@dataclass(frozen=True)
+class GenerationStats:
+    """Per-request measurements."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    ttft_s: float
+    """Time from request start to the first generated token."""
+    decode_tok_s: float
+    """Generated tokens after the first, per second of decoding."""
+    total_s: float
+    kv_cache_bytes: int
+    precision: str
+    kv: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A finished (or stopped) answer."""
+
+    text: str
+    finish_reason: str
+    """'stop' (end of turn or stop string), 'length' (max tokens or context) or 'cancelled'."""
+    stats: GenerationStats
+    model: str
+    token_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class DoneEvent:
+    """Last event of a stream."""
+
+    answer: Answer

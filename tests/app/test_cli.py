@@ -1,0 +1,55 @@
+"""The `ponder` command line, run as a user would (a subprocess), on the tiny model installed in a temp store."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def ponder(*args, home: Path, timeout=180):
+    env = {**os.environ, "PONDER_HOME": str(home), "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-m", "app", *args], capture_output=True, text=True, cwd=ROOT,
+                          env=env, timeout=timeout)
+
+
+def test_help_documents_every_command(tmp_path):
+    out = ponder("--help", home=tmp_path)
+    assert out.returncode == 0
+    for word in ("ask", "models", "setup", "bench"):
+        assert word in out.stdout
+    ask = ponder("ask", "--help", home=tmp_path).stdout
+    for flag in ("--mode", "--temperature", "--max-tokens", "--seed", "--precision", "--kv", "--json"):
+        assert flag in ask
+
+
+def test_ask_json_fields(tiny_store, ponder_home):
+    out = ponder("ask", "--model", "tiny-qwen2", "--precision", "w4", "--kv", "int8", "--temperature", "0",
+                 "--max-tokens", "8", "--json", "What is 17*23?", home=ponder_home)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    for key in ("answer", "tokens", "ttft_s", "decode_tok_s", "model"):
+        assert key in data
+    assert data["model"] == "tiny-qwen2" and 1 <= data["tokens"] <= 8 and data["precision"] == "w4"
+
+
+def test_ask_streams_text_and_is_repeatable_greedy(tiny_store, ponder_home):
+    args = ("ask", "--model", "tiny-qwen2", "--precision", "bf16", "--kv", "bf16", "--temperature", "0",
+            "--max-tokens", "6", "hello")
+    a, b = ponder(*args, home=ponder_home), ponder(*args, home=ponder_home)
+    assert a.returncode == 0 and a.stdout == b.stdout and "tok/s" in a.stderr
+
+
+def test_models_list_and_missing_model_error(tiny_store, ponder_home):
+    out = ponder("models", home=ponder_home)
+    assert out.returncode == 0 and "tiny-qwen2" in out.stdout
+    missing = ponder("ask", "--model", "nope", "hi", home=ponder_home)
+    assert missing.returncode == 1 and "not installed" in missing.stderr
+
+
+def test_import_bad_file_is_a_clear_error(ponder_home, tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"hello")
+    out = ponder("models", "import", str(bad), home=ponder_home)
+    assert out.returncode == 1 and "not a valid GGUF" in out.stderr

@@ -1,0 +1,61 @@
+"""W4/W8 quantization: quantize once, save, restore without re-quantizing, same outputs; fast kernels match quanto."""
+import torch
+
+from core.cache import new_cache
+from core.config import EngineConfig
+from core.loading import load_model, quantized_dir
+from models.quantization import install_fast_kernels, load_quantized, quantize_model
+from tests.tiny import make_model
+
+
+def logits_of(model, ids):
+    with torch.inference_mode():
+        return model(input_ids=ids, cache=new_cache(model.config, "bf16"), use_cache=True).logits.float()
+
+
+def test_w4_and_w8_close_to_bf16():
+    ids = torch.randint(5, 300, (1, 16))
+    ref = logits_of(make_model(448), ids)
+    errors = {}
+    for bits in (8, 4):
+        q = quantize_model(make_model(448), bits, head_bits=bits)
+        got = logits_of(q, ids)
+        errors[bits] = ((got - ref).norm() / ref.norm()).item()
+        assert type(q.model.layers[0].mlp.up_proj).__name__ == "QLinear"
+    # random gaussian weights are the worst case for 4 bits; real weights do far better (see model tests)
+    assert errors[8] < 0.05 and errors[4] < 0.5 and errors[8] < errors[4]
+
+
+def test_fast_kernel_equals_quanto_forward():
+    q = quantize_model(make_model(448), 4, head_bits=4)
+    layer = q.model.layers[0].mlp.down_proj
+    x = torch.randn(3, 256, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        fast = layer(x)
+        slow = layer._quanto_forward(x)
+    assert torch.allclose(fast.float(), slow.float(), atol=1e-2, rtol=1e-2)
+    assert install_fast_kernels(q) == 0  # already installed: idempotent
+
+
+def test_quantized_once_then_restored(tiny_store):
+    m = tiny_store.get("tiny-qwen2")
+    cfg = EngineConfig(model_id="tiny-qwen2", precision="w4", kv="int8")
+    first = load_model(m, cfg)
+    qdir = quantized_dir(m, "w4", 4)
+    assert (qdir / "model.safetensors").is_file() and (qdir / "quantization_map.json").is_file()
+    stamp = (qdir / "model.safetensors").stat().st_mtime_ns
+    again = load_model(m, cfg)
+    assert (qdir / "model.safetensors").stat().st_mtime_ns == stamp  # not re-quantized
+    ids = torch.randint(5, 300, (1, 10))
+    assert torch.allclose(logits_of(first, ids), logits_of(again, ids), atol=1e-3)
+
+
+def test_damaged_quantized_cache_is_rebuilt(tiny_store):
+    m = tiny_store.get("tiny-qwen2")
+    cfg = EngineConfig(model_id="tiny-qwen2", precision="w8", kv="bf16", head_bits=8)
+    load_model(m, cfg)
+    qdir = quantized_dir(m, "w8", 8)
+    (qdir / "model.safetensors").write_bytes(b"garbage")
+    model = load_model(m, cfg)
+    assert logits_of(model, torch.randint(5, 300, (1, 4))).isfinite().all()
+    assert load_quantized(qdir) is not None
