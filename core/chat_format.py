@@ -32,7 +32,7 @@ def build_prompt_ids(tokenizer, messages: Sequence[dict] | str, *, system: str |
     msgs = normalise_messages(messages, system)
     tag = secrets.token_hex(8)
     sentinels = [f"\x00{tag}:{i}\x00" for i in range(len(msgs))]
-    templated = [{"role": m["role"], "content": s} for m, s in zip(msgs, sentinels)]
+    templated = [{"role": m["role"], "content": s} for m, s in zip(msgs, sentinels, strict=True)]
     rendered = tokenizer.apply_chat_template(templated, tokenize=False, add_generation_prompt=add_generation_prompt)
     pieces = re.split(f"(\x00{tag}:\\d+\x00)", rendered)
     ids: list[int] = []

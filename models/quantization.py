@@ -67,7 +67,8 @@ def load_quantized(folder: Path) -> nn.Module:
     qmap = json.loads((folder / QMAP_FILE).read_text())
     requantize(model, state, qmap, device=torch.device("cpu"))
     _rebuild_nonpersistent_buffers(model)
-    missing = [k for k, v in model.state_dict().items() if getattr(v, "is_meta", False)]
+    tensors = list(model.named_parameters()) + list(model.named_buffers())
+    missing = [k for k, v in tensors if v.device.type == "meta"]
     if missing:
         raise ValueError(f"quantized checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
     model.eval()

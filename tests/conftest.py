@@ -55,10 +55,10 @@ def tiny_store(ponder_home, tiny_store_root):
 
 @pytest.fixture(scope="session")
 def tiny_engine(tiny_hf_dir):
+    import torch
+
     from core.engine import Engine
     from core.loading import load_plain, load_tokenizer
-
-    import torch
 
     model = load_plain(tiny_hf_dir, torch.bfloat16)
     return Engine(model, load_tokenizer(tiny_hf_dir), model_id=TINY_ID, precision="bf16", kv="bf16", context=512)

@@ -50,15 +50,15 @@ def test_stop_string_ends_answer(tiny_engine):
     assert cut.finish_reason == "stop" and stop not in cut.text and full.text.startswith(cut.text)
 
 
-def test_end_of_turn_token_stops(tiny_engine):
-    eos = next(iter(tiny_engine.eos_ids))
-    cfg = SamplingConfig(temperature=0, max_tokens=50)
-    # force the model to emit end-of-turn by stopping immediately on any eos id in the set
-    ans = tiny_engine.generate("hi", cfg)
-    assert ans.finish_reason in ("stop", "length")
-    if ans.finish_reason == "stop":
-        assert ans.token_ids[-1] in tiny_engine.eos_ids
-    assert eos not in ans.token_ids[:-1]
+def test_end_of_turn_token_stops_and_is_not_shown(tiny_engine):
+    from core.engine import Engine
+
+    free = tiny_engine.generate("hi", SamplingConfig(temperature=0, max_tokens=6, ignore_eos=True))
+    engine = Engine(tiny_engine.model, tiny_engine.tokenizer, model_id="t", context=512)
+    engine.eos_ids = {free.token_ids[2]}  # make the third greedy token the end-of-turn token
+    ans = engine.generate("hi", SamplingConfig(temperature=0, max_tokens=6))
+    assert ans.finish_reason == "stop" and ans.token_ids == free.token_ids[:3]
+    assert ans.text == tiny_engine.tokenizer.decode(list(free.token_ids[:2]), skip_special_tokens=True)
 
 
 def test_cancel_from_another_thread_within_a_step(tiny_engine):
@@ -96,6 +96,6 @@ def test_int8_kv_engine_matches_bf16_early_tokens(tiny_engine):
 
 def test_decode_is_streamed_not_batched(tiny_engine):
     stamps = []
-    for event in tiny_engine.stream("hi", SamplingConfig(temperature=0, max_tokens=20, ignore_eos=True)):
+    for _event in tiny_engine.stream("hi", SamplingConfig(temperature=0, max_tokens=20, ignore_eos=True)):
         stamps.append(time.perf_counter())
     assert len(stamps) >= 5

@@ -1,0 +1,1 @@
+"""Benchmarks: each writes its results under bench/results/ (JSON + a Markdown table)."""

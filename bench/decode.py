@@ -1,0 +1,225 @@
+"""Decode benchmark: HF transformers baselines vs Ponder's precisions/KV formats vs llama.cpp, one run, one prompt.
+
+Each system runs in its own subprocess (`--one NAME`) so its peak RSS is its own and a crash (llama.cpp's
+AMX path segfaults on some VMs) cannot take the benchmark down. Batch 1, greedy, a fixed number of new
+tokens (end-of-turn ignored), median of --runs. Writes bench/results/decode.json and decode.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+PROMPT = "Write a Python function that checks whether a number is prime, and explain how it works."
+PONDER_SYSTEMS = {  # name: (precision, kv, head_bits)
+    "ponder_bf16_kvbf16": ("bf16", "bf16", 4),
+    "ponder_w8_kv8": ("w8", "int8", 8),
+    "ponder_w4_head8_kv8": ("w4", "int8", 8),
+    "ponder_w4_kvbf16": ("w4", "bf16", 4),
+    "ponder_w4a16kv8": ("w4", "int8", 4),
+}
+DEFAULT_SYSTEM = "ponder_w4a16kv8"
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run_hf(dtype_name: str, model_id: str, tokens: int, runs: int) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from core.chat_format import build_prompt_ids
+    from core.loading import load_tokenizer, set_threads
+    from core.model_store import ModelStore
+
+    set_threads(None)
+    hf = ModelStore().get(model_id).hf_dir
+    dtype = torch.float32 if dtype_name == "fp32" else torch.bfloat16
+    model = AutoModelForCausalLM.from_pretrained(hf, dtype=dtype, trust_remote_code=False).eval()
+    ids = torch.tensor([build_prompt_ids(load_tokenizer(hf), PROMPT)])
+    kw = dict(do_sample=False, pad_token_id=0)
+    ttfts, rates = [], []
+    for _ in range(runs):
+        t = time.perf_counter()
+        model.generate(ids, max_new_tokens=1, min_new_tokens=1, **kw)
+        ttft = time.perf_counter() - t
+        t = time.perf_counter()
+        model.generate(ids, max_new_tokens=tokens, min_new_tokens=tokens, **kw)
+        total = time.perf_counter() - t
+        ttfts.append(ttft)
+        rates.append((tokens - 1) / max(total - ttft, 1e-9))
+    kv_per_token = 2 * model.config.num_hidden_layers * model.config.num_key_value_heads * (
+        model.config.hidden_size // model.config.num_attention_heads) * (4 if dtype_name == "fp32" else 2)
+    return {"ttft_s": statistics.median(ttfts), "decode_tok_s": statistics.median(rates),
+            "kv_bytes_per_token": kv_per_token, "prompt_tokens": ids.shape[1]}
+
+
+def run_ponder(name: str, model_id: str, tokens: int, runs: int) -> dict:
+    from core.config import EngineConfig, SamplingConfig
+    from core.loading import load_engine
+
+    precision, kv, head_bits = PONDER_SYSTEMS[name]
+    engine = load_engine(EngineConfig(model_id=model_id, precision=precision, kv=kv, head_bits=head_bits))
+    cfg = SamplingConfig(temperature=0, repetition_penalty=1.0, max_tokens=tokens, ignore_eos=True)
+    engine.generate(PROMPT, SamplingConfig(temperature=0, max_tokens=8, ignore_eos=True))  # warm-up
+    ttfts, rates, answer = [], [], None
+    for _ in range(runs):
+        answer = engine.generate(PROMPT, cfg)
+        ttfts.append(answer.stats.ttft_s)
+        rates.append(answer.stats.decode_tok_s)
+    cached = answer.stats.prompt_tokens + answer.stats.completion_tokens - 1
+    return {"ttft_s": statistics.median(ttfts), "decode_tok_s": statistics.median(rates),
+            "kv_bytes_per_token": answer.stats.kv_cache_bytes / cached, "prompt_tokens": answer.stats.prompt_tokens,
+            "sample": answer.text[:160]}
+
+
+def run_llama_cpp(model_id: str, tokens: int, runs: int, repack: bool) -> dict:
+    import llama_cpp
+
+    from core.chat_format import build_prompt_ids
+    from core.loading import load_tokenizer
+    from core.model_store import ModelStore
+
+    m = ModelStore().get(model_id)
+    gguf = m.folder / "model.gguf"
+    if not gguf.is_file():
+        raise FileNotFoundError(f"{gguf} is missing")
+    if not repack:  # llama.cpp's extra (AMX/repack) buffers crash on some VMs: plain CPU buffers instead
+        default = llama_cpp.llama_model_default_params
+
+        def params():
+            p = default()
+            p.use_extra_bufts = False
+            return p
+
+        llama_cpp.llama_model_default_params = params
+        llama_cpp.llama.llama_cpp.llama_model_default_params = params
+    from core.loading import set_threads
+
+    llm = llama_cpp.Llama(model_path=str(gguf), n_threads=set_threads(None), n_ctx=2048, verbose=False)
+    ids = build_prompt_ids(load_tokenizer(m.hf_dir), PROMPT)
+    ttfts, rates = [], []
+    for _ in range(runs + 1):
+        llm.reset()
+        t = time.perf_counter()
+        first, n = None, 0
+        for _tok in llm.generate(ids, temp=0, reset=True):
+            n += 1
+            if first is None:
+                first = time.perf_counter()
+            if n >= tokens:
+                break
+        end = time.perf_counter()
+        ttfts.append(first - t)
+        rates.append((n - 1) / (end - first))
+    return {"ttft_s": statistics.median(ttfts[1:]), "decode_tok_s": statistics.median(rates[1:]),
+            "kv_bytes_per_token": None, "prompt_tokens": len(ids), "repack": repack}
+
+
+def one(name: str, model_id: str, tokens: int, runs: int) -> dict:
+    if name in ("hf_fp32", "hf_bf16"):
+        out = run_hf(name[3:], model_id, tokens, runs)
+    elif name.startswith("llama_cpp"):
+        out = run_llama_cpp(model_id, tokens, runs, repack=name == "llama_cpp")
+    else:
+        out = run_ponder(name, model_id, tokens, runs)
+    out["peak_rss_mb"] = peak_rss_mb()
+    return out
+
+
+def spawn(name: str, args) -> dict | None:
+    cmd = [sys.executable, "-m", "bench.decode", "--one", name, "--tokens", str(args.tokens), "--runs",
+           str(args.runs), "--model", args.model]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
+    if proc.returncode != 0:
+        print(f"[bench] {name} failed (exit {proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}",
+              file=sys.stderr)
+        return {"error": f"exit {proc.returncode}"}
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(f"[bench] {name}: {result['decode_tok_s']:.1f} tok/s, TTFT {result['ttft_s']:.3f}s, "
+          f"RSS {result['peak_rss_mb']:.0f} MB", file=sys.stderr)
+    return result
+
+
+def llama_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("llama_cpp") is not None
+
+
+def ratio(a, b):
+    return round(a / b, 3) if a and b else None
+
+
+def summarize(systems: dict) -> dict:
+    ok = {k: v for k, v in systems.items() if v and "error" not in v}
+    ours = ok.get(DEFAULT_SYSTEM, {})
+    llama = ok.get("llama_cpp") or ok.get("llama_cpp_norepack")
+    ratios = {
+        "w4a16kv8_vs_hf_fp32": ratio(ours.get("decode_tok_s"), ok.get("hf_fp32", {}).get("decode_tok_s")),
+        "w4a16kv8_vs_hf_bf16": ratio(ours.get("decode_tok_s"), ok.get("hf_bf16", {}).get("decode_tok_s")),
+        "w4a16kv8_vs_llama_cpp": ratio(ours.get("decode_tok_s"), llama["decode_tok_s"]) if llama else None,
+        "kv_int8_vs_bf16_bytes": ratio(ours.get("kv_bytes_per_token"),
+                                       ok.get("ponder_w4_kvbf16", {}).get("kv_bytes_per_token")),
+    }
+    return ratios
+
+
+def markdown(report: dict) -> str:
+    rows = ["| system | decode tok/s | TTFT s | peak RSS MB | KV bytes/token |", "|---|---:|---:|---:|---:|"]
+    for name, r in report["systems"].items():
+        if not r or "error" in r:
+            rows.append(f"| {name} | failed ({(r or {}).get('error', '?')}) | | | |")
+            continue
+        kv = f"{r['kv_bytes_per_token']:.0f}" if r.get("kv_bytes_per_token") else "—"
+        rows.append(f"| {name} | {r['decode_tok_s']:.1f} | {r['ttft_s']:.3f} | {r['peak_rss_mb']:.0f} | {kv} |")
+    rows.append("")
+    rows += [f"- `{k}`: {v}" for k, v in report["ratios"].items()]
+    rows.append(f"\n{report['tokens']} new tokens, median of {report['runs']} runs, {report['threads']} threads, "
+                f"{report['machine']}, {report['date']}.")
+    return "\n".join(rows) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.decode")
+    p.add_argument("--one", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--tokens", type=int, default=128)
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--model", default="qwen2.5-coder-0.5b-instruct")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--quick", action="store_true")
+    args = p.parse_args(argv)
+    if args.one:
+        print(json.dumps(one(args.one, args.model, args.tokens, args.runs)))
+        return 0
+    names = ["hf_bf16", DEFAULT_SYSTEM] if args.quick else ["hf_fp32", "hf_bf16", *PONDER_SYSTEMS]
+    systems = {n: spawn(n, args) for n in names}
+    if llama_available() and not args.quick:
+        systems["llama_cpp"] = spawn("llama_cpp", args)
+        if "error" in systems["llama_cpp"]:
+            systems["llama_cpp_norepack"] = spawn("llama_cpp_norepack", args)
+    import torch
+
+    report = {
+        "date": time.strftime("%Y-%m-%d %H:%M"), "machine": f"{platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} CPUs", "threads": torch.get_num_threads(), "model": args.model, "tokens": args.tokens,
+        "runs": args.runs, "prompt": PROMPT, "systems": systems, "ratios": summarize(systems),
+    }
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "decode.json").write_text(json.dumps(report, indent=2))
+    (RESULTS / "decode.md").write_text(markdown(report))
+    print(json.dumps(report) if args.json else markdown(report))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
