@@ -63,6 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
     setup.add_argument("--model", default=DEFAULT_MODEL_ID)
     setup.add_argument("--precision", choices=PRECISIONS, default="w4")
 
+    train = sub.add_parser("train", help="train adapters and heads (sft: reasoning LoRA adapter)")
+    tsub = train.add_subparsers(dest="train_command", metavar="WHAT")
+    tsub.add_parser("sft", help="reasoning LoRA adapter by masked SFT (run `ponder train sft --help`)", add_help=False)
+
     bench = sub.add_parser("bench", help="benchmarks")
     bsub = bench.add_subparsers(dest="bench_command", metavar="BENCH")
     dec = bsub.add_parser("decode", help="decode speed, TTFT, memory: HF baselines vs Ponder vs llama.cpp")
@@ -200,8 +204,23 @@ def cmd_bench(args) -> int:
     return bench_decode(argv)
 
 
+def cmd_train(argv: list[str]) -> int:
+    if not argv or argv[0] != "sft":
+        print("ponder train: choose what to train: sft", file=sys.stderr)
+        return 2
+    from core.training import main as train_main
+
+    return train_main(argv[1:])
+
+
 def run_cli(argv: list[str]) -> int:
     parser = build_parser()
+    if argv and argv[0] == "train":  # the recipe owns its flags (also `python -m core.training`)
+        try:
+            return cmd_train(argv[1:])
+        except ModelError as err:
+            print(f"ponder: {err}", file=sys.stderr)
+            return 1
     args = parser.parse_args(argv)
     handlers = {"ask": cmd_ask, "models": cmd_models, "setup": cmd_setup, "bench": cmd_bench}
     try:

@@ -125,6 +125,16 @@ def run_llama_cpp(model_id: str, tokens: int, runs: int, repack: bool) -> dict:
             "kv_bytes_per_token": None, "prompt_tokens": len(ids), "repack": repack}
 
 
+def prepare(name: str, model_id: str) -> None:
+    from core.config import EngineConfig
+    from core.loading import load_model
+    from core.model_store import ModelStore
+
+    precision, kv, head_bits = PONDER_SYSTEMS[name]
+    load_model(ModelStore().get(model_id), EngineConfig(model_id=model_id, precision=precision, kv=kv,
+                                                         head_bits=head_bits))
+
+
 def one(name: str, model_id: str, tokens: int, runs: int) -> dict:
     if name in ("hf_fp32", "hf_bf16"):
         out = run_hf(name[3:], model_id, tokens, runs)
@@ -192,6 +202,7 @@ def markdown(report: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.decode")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--prepare", default=None, help=argparse.SUPPRESS)
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--model", default="qwen2.5-coder-0.5b-instruct")
@@ -201,7 +212,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.one:
         print(json.dumps(one(args.one, args.model, args.tokens, args.runs)))
         return 0
+    if args.prepare:
+        prepare(args.prepare, args.model)
+        return 0
     names = ["hf_bf16", DEFAULT_SYSTEM] if args.quick else ["hf_fp32", "hf_bf16", *PONDER_SYSTEMS]
+    for name in names:  # quantize-once happens here, so the measured processes only restore
+        if name in PONDER_SYSTEMS:
+            subprocess.run([sys.executable, "-m", "bench.decode", "--prepare", name, "--model", args.model],
+                           check=True, cwd=Path(__file__).resolve().parent.parent, capture_output=True)
     systems = {n: spawn(n, args) for n in names}
     if llama_available() and not args.quick:
         systems["llama_cpp"] = spawn("llama_cpp", args)

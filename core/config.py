@@ -74,3 +74,40 @@ class EngineConfig:
             raise ValueError("head_bits must be 4 or 8")
         if self.precision == "fp32" and self.kv == "int8":
             object.__setattr__(self, "kv", "bf16")
+
+
+@dataclass(frozen=True)
+class SftArgs:
+    """Reasoning-adapter SFT (two-pass masked LoRA on the quantized base)."""
+
+    data: tuple[str, ...] = ()
+    """GSM8K- or MATH-format JSONL files."""
+    out: str = ""
+    """Folder the adapter is saved to (peft safetensors + ponder_adapter.json + train_log.jsonl)."""
+    model_id: str = DEFAULT_MODEL_ID
+    precision: str = "w4"
+    """Base the adapter is trained on and served with (QAMR: train on the quantized base)."""
+    examples: int = 256
+    """How many training examples to draw (shuffled, short traces first kept)."""
+    steps: int = 32
+    """Optimizer steps."""
+    grad_accum: int = 8
+    """Examples per optimizer step."""
+    rank: int = 16
+    alpha: int = 32
+    dropout: float = 0.05
+    lr: float = 2e-4
+    warmup_ratio: float = 0.1
+    max_response_tokens: int = 320
+    seed: int = 0
+    threads: int | None = None
+
+    def __post_init__(self):
+        if not self.data:
+            raise ValueError("give at least one training file")
+        if self.steps < 1 or self.grad_accum < 1 or self.examples < 1:
+            raise ValueError("steps, grad_accum and examples must be >= 1")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}")
+        if not 0 < self.lr < 1:
+            raise ValueError("lr must be in (0, 1)")

@@ -1,61 +1,57 @@
-"""The Engine: owns model, tokenizer and KV cache, and streams answers token by token.
+"""The Engine: owns model, tokenizer, adapter, switcher and KV cache; streams answers token by token.
 
-The decode loop is built from small named functions (`prefill`, `decode_step`, `sample_next`, `should_stop`)
-so later features plug in at the seams: the switcher reads the prefill state, adapters switch between
-segments, parallel streams fork the cache. Exactly one thread calls an Engine; cancellation is a
-`threading.Event` checked every decode step. The engine knows nothing about files or Qt.
+One request = one base-model prefill (adapter off), then segments decoded on that same cache: in base mode
+an answer; in reasoning mode a `<think>` trace (adapter on) bounded by a token budget, then the answer. At
+the budget the engine closes the trace itself and forces the answer. `think_longer` reopens the last trace
+on its cache and continues it. Exactly one thread calls an Engine; cancellation is a `threading.Event`
+checked every decode step. The engine knows nothing about files or Qt.
 """
 from __future__ import annotations
 
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 
-from .cache import cache_bytes, new_cache
+from . import adapters
+from .cache import cache_bytes, crop, new_cache
 from .chat_format import DEFAULT_SYSTEM, build_prompt_ids, stop_token_ids
 from .config import SamplingConfig
-from .events import Answer, DoneEvent, GenerationStats, TokenEvent
-from .sampling import make_generator, sample_next
-from .text_stream import TextStream
+from .decode import DecodeState, feed, prefill, run_segment, stop_token_index
+from .events import Answer, DoneEvent, GenerationStats, RouteDecision, TokenEvent
+from .prompts import reasoning_prompts, reasoning_system
+from .sampling import make_generator
+
+MODES = ("auto", "reason", "base")
 
 
 class PromptTooLong(ValueError):
     """The conversation does not fit in the model's context window."""
 
 
-@torch.inference_mode()
-def prefill(model, input_ids: torch.Tensor, cache) -> torch.Tensor:
-    """Run the prompt (B, T) through the model into `cache`; return the last position's logits (B, V)."""
-    return model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+@dataclass
+class _Trace:
+    """What `think_longer` needs from the last reasoning request."""
 
-
-@torch.inference_mode()
-def decode_step(model, tokens: torch.Tensor, cache) -> torch.Tensor:
-    """One token per row (B,) in, next-token logits (B, V) out; the cache grows by one position."""
-    return model(input_ids=tokens.view(-1, 1), cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
-
-
-def should_stop(token_id: int, n_generated: int, cfg: SamplingConfig, eos_ids: set[int], text: TextStream,
-                cancel: threading.Event | None) -> str | None:
-    """Why generation ends after this token, or None to go on."""
-    if cancel is not None and cancel.is_set():
-        return "cancelled"
-    if token_id in eos_ids and not cfg.ignore_eos:
-        return "stop"
-    if text.stopped:
-        return "stop"
-    if n_generated >= cfg.max_tokens:
-        return "length"
-    return None
+    state: DecodeState
+    prompt_len: int
+    think_end: int
+    """Cache length where the trace's text ends (before `</think>`)."""
+    thinking: str
+    thinking_ids: list[int]
+    budget: int | None
+    answer_max_tokens: int
+    route: RouteDecision
+    started: float
 
 
 class Engine:
     """One loaded model, ready to answer."""
 
     def __init__(self, model, tokenizer, *, model_id: str, precision: str = "bf16", kv: str = "bf16",
-                 context: int = 8192):
+                 context: int = 8192, router=None, adapter_name: str | None = None):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.model_id = model_id
@@ -63,61 +59,148 @@ class Engine:
         self.kv = kv
         self.context = min(context, int(getattr(model.config, "max_position_embeddings", context)))
         self.eos_ids = stop_token_ids(tokenizer)
+        self.router = router
+        self.adapter_name = adapter_name if adapters.is_adapted(model) else None
         self.last_cache = None
+        self._trace: _Trace | None = None
+        p = reasoning_prompts()
+        enc = lambda s: tokenizer(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+        self._think_open, self._think_close = enc(p["think_open"]), enc(p["think_close"])
+        self._forced_prefix_text = p["forced_answer_prefix"]
+        self._forced_prefix = enc(p["forced_answer_prefix"])
+        self._wait = enc(p["think_longer"])
+        self._close_marker = p["think_close_marker"]
+
+    @property
+    def can_reason(self) -> bool:
+        return self.adapter_name is not None
 
     def prompt_ids(self, messages: Sequence[dict] | str, system: str | None = DEFAULT_SYSTEM) -> list[int]:
         return build_prompt_ids(self.tokenizer, messages, system=system)
 
-    def stream(self, messages: Sequence[dict] | str, sampling: SamplingConfig | None = None, *,
-               cancel: threading.Event | None = None, system: str | None = DEFAULT_SYSTEM,
-               ) -> Iterator[TokenEvent | DoneEvent]:
-        """Yield TokenEvents as text becomes final, then one DoneEvent with the Answer and its stats."""
+    def _base(self):
+        return adapters.base(self.model)
+
+    def route(self, mode: str, hidden: torch.Tensor | None) -> RouteDecision:
+        if mode == "reason":
+            return RouteDecision(True, None, "mode")
+        if mode == "base" or self.router is None:
+            return RouteDecision(False, None, "mode" if mode == "base" else "no-switcher")
+        t = time.perf_counter()
+        prob = self.router.probability(hidden)
+        return RouteDecision(prob >= self.router.threshold, prob, "switcher", time.perf_counter() - t)
+
+    def stream(self, messages: Sequence[dict] | str, sampling: SamplingConfig | None = None, *, mode: str = "base",
+               budget: int | None = 256, answer_max_tokens: int = 256, cancel: threading.Event | None = None,
+               system: str | None = DEFAULT_SYSTEM) -> Iterator[TokenEvent | DoneEvent]:
+        """Yield TokenEvents (kind 'thinking' or 'answer') as text becomes final, then one DoneEvent.
+
+        mode: 'base' answers directly; 'reason' thinks first (needs the adapter); 'auto' lets the switcher decide.
+        budget: thinking tokens before the engine forces the answer (None = up to the context window).
+        """
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}")
+        if mode != "base" and not self.can_reason:
+            raise ValueError("reasoning needs the reasoning adapter, which is not loaded")
         cfg = sampling or SamplingConfig()
         start = time.perf_counter()
-        ids = self.prompt_ids(messages, system)
-        if len(ids) >= self.context:
+        sys_prompt = reasoning_system(budget, system or DEFAULT_SYSTEM) if mode != "base" else system
+        ids = self.prompt_ids(messages, sys_prompt)
+        if len(ids) >= self.context - 8:
             raise PromptTooLong(f"The conversation is {len(ids)} tokens; this model's window is {self.context}.")
-        budget = min(cfg.max_tokens, self.context - len(ids))
-        cfg_eff = cfg if budget == cfg.max_tokens else SamplingConfig(**{**cfg.__dict__, "max_tokens": budget})
-        generator = make_generator(cfg.seed)
         cache = new_cache(self.model.config, self.kv)
         self.last_cache = cache
-        seen = torch.tensor([ids], dtype=torch.long)
-        logits = prefill(self.model, seen, cache)
-        text = TextStream(self.tokenizer, cfg.stop)
-        out_ids: list[int] = []
-        first_at = None
-        reason = None
-        while reason is None:
-            token = sample_next(logits, cfg_eff, generator, seen if cfg.repetition_penalty != 1.0 else None)
-            tid = int(token[0])
-            if first_at is None:
-                first_at = time.perf_counter()
-            out_ids.append(tid)
-            if tid not in self.eos_ids or cfg.ignore_eos:
-                piece = text.push(tid)
-                if piece:
-                    yield TokenEvent(piece, "answer", len(out_ids) - 1)
-            reason = should_stop(tid, len(out_ids), cfg_eff, self.eos_ids, text, cancel)
-            if reason is None:
-                if cfg.repetition_penalty != 1.0:
-                    seen = torch.cat([seen, token.view(1, 1)], dim=1)
-                logits = decode_step(self.model, token, cache)
-        tail = text.flush()
-        if tail:
-            yield TokenEvent(tail, "answer", len(out_ids) - 1)
+        with self._base():
+            logits, hidden = prefill(self.model, torch.tensor([ids]), cache, want_hidden=mode == "auto")
+        decision = self.route(mode, hidden)
+        state = DecodeState(self.model, cache, cfg, make_generator(cfg.seed), torch.tensor([ids]), self.eos_ids,
+                            cancel, logits)
+        if decision.reason:
+            with torch.inference_mode():
+                state.logits = feed(self.model, self._think_open, cache)
+            yield from self._reason(state, len(ids), decision, budget, answer_max_tokens, start, thinking_so_far="",
+                                    thinking_ids=[])
+            return
+        room = self.context - len(ids)
+        seg = yield from run_segment(state, self.tokenizer, limit=min(cfg.max_tokens, room), kind="answer",
+                                     stop=cfg.stop, context=self._base)
+        self._trace = None
+        yield DoneEvent(self._answer(seg.text, seg.reason, seg.ids, len(ids), seg.first_token_at, start, cache,
+                                     route=decision, answer_tokens=len(seg.ids)))
+
+    def think_longer(self, extra_budget: int = 256, cancel: threading.Event | None = None
+                     ) -> Iterator[TokenEvent | DoneEvent]:
+        """Reopen the last reasoning trace on its cache, think up to `extra_budget` more tokens, answer again."""
+        trace = self._trace
+        if trace is None:
+            raise ValueError("there is no reasoning answer to continue")
+        state = trace.state
+        state.cancel = cancel
+        crop(state.cache, trace.think_end)
+        with torch.inference_mode():
+            state.logits = feed(self.model, self._wait, state.cache)
+        wait_text = self.tokenizer.decode(self._wait)
+        yield TokenEvent(wait_text, "thinking", state.n_tokens)
+        yield from self._reason(state, trace.prompt_len, trace.route, extra_budget, trace.answer_max_tokens,
+                                time.perf_counter(), thinking_so_far=trace.thinking + wait_text,
+                                thinking_ids=trace.thinking_ids + self._wait,
+                                total_budget=(trace.budget or 0) + extra_budget)
+
+    def _reason(self, state: DecodeState, prompt_len: int, decision: RouteDecision, budget: int | None,
+                answer_max_tokens: int, start: float, thinking_so_far: str, thinking_ids: list[int],
+                total_budget: int | None = None):
+        cache = state.cache
+        think_start = cache.get_seq_length()
+        room = self.context - think_start - len(self._think_close) - len(self._forced_prefix) - 2
+        limit = max(1, min(budget or room, room - answer_max_tokens))
+        think = yield from run_segment(state, self.tokenizer, limit=limit, kind="thinking", stop=(self._close_marker,))
+        thinking_ids = thinking_ids + (think.ids[:-1] if think.hit_eos else think.ids)  # an eos is replaced by the close
+        closed_by_model = think.stop_char is not None
+        if closed_by_model:  # the model wrote </think> itself: continue after it
+            think_end = think_start + stop_token_index(self.tokenizer, think.ids, think.stop_char)
+            forced_ids = [think.pending]
+        else:
+            think_end = think_start + len(think.ids) - (1 if think.pending is None else 0)
+            forced_ids = ([] if think.pending is None else [think.pending]) + self._think_close + self._forced_prefix
+        thinking_text = thinking_so_far + think.text
+        forced = not closed_by_model and think.reason != "cancelled"
+        answer_text, answer_ids, reason = "", [], think.reason
+        if think.reason != "cancelled":
+            with torch.inference_mode():
+                state.logits = feed(self.model, forced_ids, cache)
+            if forced:
+                yield TokenEvent(self._forced_prefix_text, "answer", state.n_tokens)
+            cfg = state.cfg
+            ans = yield from run_segment(state, self.tokenizer, limit=answer_max_tokens, kind="answer", stop=cfg.stop)
+            answer_text = (self._forced_prefix_text if forced else "") + ans.text.lstrip("\n")
+            answer_ids, reason = ans.ids, ans.reason
+        self._trace = _Trace(state, prompt_len, think_end, thinking_text, thinking_ids, total_budget or budget,
+                             answer_max_tokens, decision, start)
+        yield DoneEvent(self._answer(
+            answer_text, reason, thinking_ids + answer_ids, prompt_len, think.first_token_at, start, cache,
+            route=decision, thinking=thinking_text, thinking_tokens=len(thinking_ids), answer_tokens=len(answer_ids),
+            budget=total_budget or budget, budget_forced=forced))
+
+    def _answer(self, text, reason, out_ids, prompt_len, first_at, start, cache, **extra) -> Answer:
         end = time.perf_counter()
+        first_at = first_at or end
         n = len(out_ids)
         stats = GenerationStats(
-            prompt_tokens=len(ids), completion_tokens=n, ttft_s=first_at - start,
+            prompt_tokens=prompt_len, completion_tokens=n, ttft_s=first_at - start,
             decode_tok_s=(n - 1) / (end - first_at) if n > 1 and end > first_at else 0.0,
             total_s=end - start, kv_cache_bytes=cache_bytes(cache), precision=self.precision, kv=self.kv,
         )
-        yield DoneEvent(Answer(text.text, reason, stats, self.model_id, tuple(out_ids)))
+        adapter = self.adapter_name if extra.get("route") and extra["route"].reason else None
+        return Answer(text, reason, stats, self.model_id, tuple(out_ids), adapter=adapter, **extra)
 
     def generate(self, messages: Sequence[dict] | str, sampling: SamplingConfig | None = None, **kw) -> Answer:
         """Run `stream` to the end and return the Answer."""
-        for event in self.stream(messages, sampling, **kw):
-            if isinstance(event, DoneEvent):
-                return event.answer
-        raise RuntimeError("stream ended without an answer")
+        return collect(self.stream(messages, sampling, **kw))
+
+
+def collect(events: Iterator) -> Answer:
+    for event in events:
+        if isinstance(event, DoneEvent):
+            return event.answer
+    raise RuntimeError("stream ended without an answer")
+

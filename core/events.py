@@ -34,6 +34,19 @@ class GenerationStats:
 
 
 @dataclass(frozen=True)
+class RouteDecision:
+    """Whether this request reasons, and why."""
+
+    reason: bool
+    probability: float | None
+    """The switcher's P(reasoning needed), when it was asked."""
+    source: str
+    """'mode' (the user chose reason/base) or 'switcher' (auto)."""
+    latency_s: float = 0.0
+    """Time the switcher took (pooling + head)."""
+
+
+@dataclass(frozen=True)
 class Answer:
     """A finished (or stopped) answer."""
 
@@ -43,6 +56,14 @@ class Answer:
     stats: GenerationStats
     model: str
     token_ids: tuple[int, ...] = ()
+    thinking: str = ""
+    thinking_tokens: int = 0
+    answer_tokens: int = 0
+    budget: int | None = None
+    budget_forced: bool = False
+    """True when the thinking budget ran out and the engine closed the trace."""
+    route: RouteDecision | None = None
+    adapter: str | None = None
 
 
 @dataclass(frozen=True)
@@ -50,3 +71,15 @@ class DoneEvent:
     """Last event of a stream."""
 
     answer: Answer
+
+
+@dataclass(frozen=True)
+class TrainProgress:
+    """One optimizer step of a training run."""
+
+    step: int
+    total_steps: int
+    loss: float
+    lr: float
+    elapsed_s: float
+    message: str = ""

@@ -40,32 +40,83 @@ def quantize_model(model: nn.Module, bits: int, head_bits: int | None = None) ->
     return model
 
 
+PACKED_DATA, PACKED_SCALES = ".__int4pack", ".__int4scale_shift"
+FORMAT = "ponder-packed-v1"
+
+
+def _qclasses():
+    from optimum.quanto.nn import QLinear
+    from optimum.quanto.tensor.weights.tinygemm import TinyGemmWeightQBitsTensor
+
+    return QLinear, TinyGemmWeightQBitsTensor
+
+
+def packed_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The model's tensors with int4 weights kept in torch's CPU-packed layout (no unpack/repack round trip);
+    other quantized weights in quanto's own flattened form."""
+    QLinear, TinyGemm = _qclasses()
+    state, handled = {}, set()
+    for name, module in model.named_modules():
+        if not isinstance(module, QLinear):
+            continue
+        w = module.weight
+        if isinstance(w, TinyGemm):
+            state[name + ".weight" + PACKED_DATA] = w._data._data
+            state[name + ".weight" + PACKED_SCALES] = w._scale_shift
+        else:
+            w.save_to_state_dict(state, name + ".weight.", False)
+        handled.add(name + ".weight")
+    for key, value in [*model.named_parameters(), *model.named_buffers()]:
+        if key not in handled:
+            state[key] = value.detach()
+    return {k: v.contiguous() for k, v in state.items()}
+
+
 def save_quantized(model: nn.Module, folder: Path, bits: int, head_bits: int | None) -> None:
-    """Write the quantized weights (safetensors), quanto's map and the config into `folder`."""
+    """Write the quantized weights (safetensors, int4 in packed CPU layout), quanto's map and the config."""
     from optimum.quanto import quantization_map
     from safetensors.torch import save_file
 
     folder = Path(folder)
-    state = {k: v.contiguous() for k, v in model.state_dict().items()}
-    save_file(state, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
+    save_file(packed_state_dict(model), str(folder / WEIGHTS_FILE), metadata={"format": FORMAT})
     (folder / QMAP_FILE).write_text(json.dumps(quantization_map(model)))
-    (folder / QUANT_FILE).write_text(json.dumps({"bits": bits, "head_bits": head_bits, "backend": "optimum-quanto"}))
+    (folder / QUANT_FILE).write_text(json.dumps({"bits": bits, "head_bits": head_bits, "backend": "optimum-quanto",
+                                                 "format": FORMAT, "torch": torch.__version__}))
     model.config.save_pretrained(folder)
 
 
 def load_quantized(folder: Path) -> nn.Module:
-    """Rebuild a Qwen2 model on `meta` and fill it from a folder written by `save_quantized`; no re-quantizing."""
-    from optimum.quanto import requantize
+    """Rebuild a Qwen2 model on `meta` and adopt the saved tensors as they are: no re-quantizing, no dense copy."""
+    from optimum.quanto.quantize import _quantize_submodule
+    from optimum.quanto.tensor.weights.tinygemm import TinyGemmPackedTensor
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForCausalLM
 
     folder = Path(folder)
+    info = quant_info(folder) or {}
+    if info.get("format") != FORMAT or info.get("torch") != torch.__version__:
+        raise ValueError(f"quantized weights in {folder} were written by another format or torch version")
     config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, trust_remote_code=False)
-    state = load_file(str(folder / WEIGHTS_FILE))
     qmap = json.loads((folder / QMAP_FILE).read_text())
-    requantize(model, state, qmap, device=torch.device("cpu"))
+    for name, module in list(model.named_modules()):  # swap in quantized modules, still on meta
+        if name in qmap:
+            _quantize_submodule(model, name, module, weights=qmap[name]["weights"])
+    state = load_file(str(folder / WEIGHTS_FILE))
+    packed = {k[: -len(PACKED_DATA)] for k in state if k.endswith(PACKED_DATA)}
+    plain = {k: v for k, v in state.items() if not k.endswith((PACKED_DATA, PACKED_SCALES))}
+    model.load_state_dict(plain, strict=False, assign=True)
+    QLinear, TinyGemm = _qclasses()
+    modules = dict(model.named_modules())
+    for key in packed:
+        module = modules[key[: -len(".weight")]]
+        size = (module.out_features, module.in_features)
+        data = TinyGemmPackedTensor(state[key + PACKED_DATA], size, (module.in_features, 1))
+        weight = TinyGemm(module.weight_qtype, 0, module.weight_group_size, size, (module.in_features, 1), data,
+                          state[key + PACKED_SCALES])
+        module.weight = nn.Parameter(weight, requires_grad=False)
+    del state, plain
     _rebuild_nonpersistent_buffers(model)
     tensors = list(model.named_parameters()) + list(model.named_buffers())
     missing = [k for k, v in tensors if v.device.type == "meta"]

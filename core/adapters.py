@@ -1,0 +1,85 @@
+"""Reasoning adapters: the only peft caller. Attach, enable for decode segments, disable for the prompt.
+
+The prompt is always encoded by the base model (`base()` context), so its KV cache is exactly the base
+model's and both modes share one prefill; the adapter then runs on the response tokens only ("masked LoRA",
+two-pass form). We use the two-pass form rather than peft's Activated LoRA because aLoRA's masked in-place
+add fails to train on quanto's custom autograd output; inference and training use the same form.
+Adapters are never merged.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+from pathlib import Path
+
+from torch import nn
+
+ADAPTER_NAME = "reason"
+META_FILE = "ponder_adapter.json"
+
+
+def lora_config(rank: int = 16, alpha: int | None = None, dropout: float = 0.05):
+    from peft import LoraConfig
+
+    return LoraConfig(r=rank, lora_alpha=alpha or 2 * rank, lora_dropout=dropout, target_modules="all-linear",
+                      task_type="CAUSAL_LM", bias="none")
+
+
+def attach_new(model: nn.Module, rank: int = 16, alpha: int | None = None, dropout: float = 0.05):
+    """Wrap `model` with a fresh, trainable LoRA adapter on all linear layers (LM head excluded)."""
+    from peft import get_peft_model
+
+    return get_peft_model(model, lora_config(rank, alpha, dropout), adapter_name=ADAPTER_NAME)
+
+
+def load_adapter(model: nn.Module, folder: Path):
+    """Attach a saved adapter (peft safetensors format) for inference."""
+    from peft import PeftModel
+
+    folder = Path(folder)
+    if not (folder / "adapter_model.safetensors").is_file():
+        raise FileNotFoundError(f"{folder} holds no adapter_model.safetensors")
+    peft_model = PeftModel.from_pretrained(model, str(folder), adapter_name=ADAPTER_NAME, is_trainable=False)
+    peft_model.eval()
+    return peft_model
+
+
+def is_adapted(model: nn.Module) -> bool:
+    return hasattr(model, "disable_adapter") and hasattr(model, "peft_config")
+
+
+@contextlib.contextmanager
+def base(model: nn.Module):
+    """Run the base model: the adapter is off inside, restored on exit (also on error)."""
+    if is_adapted(model):
+        with model.disable_adapter():
+            yield
+    else:
+        yield
+
+
+def save_adapter(model: nn.Module, folder: Path, meta: dict) -> None:
+    folder = Path(folder)
+    model.save_pretrained(str(folder), safe_serialization=True)
+    nested = folder / ADAPTER_NAME  # peft puts a non-default adapter name in a subfolder: keep one flat layout
+    if nested.is_dir():
+        for f in nested.iterdir():
+            f.replace(folder / f.name)
+        nested.rmdir()
+    (folder / META_FILE).write_text(json.dumps(meta, indent=2))
+
+
+def adapter_meta(folder: Path) -> dict:
+    path = Path(folder) / META_FILE
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def base_fingerprint(hf_dir: Path) -> str:
+    """A short hash of the base weights' safetensors headers, stored with adapters trained on them."""
+    digest = hashlib.sha256()
+    for f in sorted(Path(hf_dir).glob("*.safetensors")):
+        with open(f, "rb") as fh:
+            digest.update(fh.read(1 << 16))
+        digest.update(str(f.stat().st_size).encode())
+    return digest.hexdigest()[:16]

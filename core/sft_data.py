@@ -1,0 +1,92 @@
+"""Reasoning SFT examples from GSM8K / MATH train files: `<think>` step-by-step `</think>` then a boxed answer.
+
+GSM8K's `<<48/2=24>>` calculator notes are stripped and its `#### N` becomes `\\boxed{N}`; MATH solutions keep
+their own `\\boxed{}`. Each prompt states a thinking budget (a bucket at least as long as the trace), as the
+paper's budget prompts do, so RL-trained adapters can learn to respect it later.
+"""
+from __future__ import annotations
+
+import json
+import random
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from .prompts import reasoning_prompts, reasoning_system
+
+CALC = re.compile(r"<<[^>]*>>")
+
+
+@dataclass(frozen=True)
+class SftExample:
+    question: str
+    thinking: str
+    answer: str
+    """Final answer text shown after </think>, e.g. 'The answer is \\boxed{72}.'"""
+    gold: str
+
+
+def read_jsonl(path: Path, limit: int | None = None) -> list[dict]:
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rows.append(json.loads(line))
+            except ValueError as err:
+                raise ValueError(f"{path}:{lineno} is not valid JSON ({err})") from err
+            if limit and len(rows) >= limit:
+                break
+    return rows
+
+
+def gsm8k_example(row: dict) -> SftExample:
+    body, _, final = row["answer"].rpartition("####")
+    final = final.strip().replace(",", "")
+    thinking = CALC.sub("", body).strip()
+    return SftExample(row["question"].strip(), thinking, f"The answer is \\boxed{{{final}}}.", final)
+
+
+def math_example(row: dict) -> SftExample:
+    return SftExample(row["problem"].strip(), row["solution"].strip(), f"The answer is \\boxed{{{row['answer']}}}.",
+                      row["answer"])
+
+
+def example_from_row(row: dict) -> SftExample:
+    """GSM8K rows have `question`/`answer` with '####'; MATH rows have `problem`/`solution`/`answer`."""
+    if "question" in row and "####" in str(row.get("answer", "")):
+        return gsm8k_example(row)
+    if "problem" in row and "solution" in row:
+        return math_example(row)
+    raise ValueError("rows need GSM8K (question, answer with '#### n') or MATH (problem, solution, answer) fields")
+
+
+def load_examples(paths: list[Path], limit: int, seed: int = 0, max_chars: int = 900) -> list[SftExample]:
+    """Up to `limit` examples, shuffled, keeping short traces (conciseness is the point on a 0.5B model)."""
+    rows = []
+    for p in paths:
+        rows += [example_from_row(r) for r in read_jsonl(Path(p))]
+    rows = [r for r in rows if len(r.thinking) <= max_chars]
+    random.Random(seed).shuffle(rows)
+    return rows[:limit]
+
+
+def budget_for(n_thinking_tokens: int) -> int:
+    buckets = reasoning_prompts()["budget_buckets"]
+    return next((b for b in buckets if b >= n_thinking_tokens), buckets[-1])
+
+
+def encode_example(tokenizer, ex: SftExample) -> tuple[list[int], list[int]]:
+    """(prompt ids encoded by the base model, response ids run with the adapter, starting with '<think>\\n')."""
+    from .chat_format import build_prompt_ids
+
+    p = reasoning_prompts()
+    think_ids = tokenizer(ex.thinking, add_special_tokens=False)["input_ids"]
+    system = reasoning_system(budget_for(len(think_ids)))
+    prompt = build_prompt_ids(tokenizer, ex.question, system=system)
+    response_text = p["think_open"] + ex.thinking + p["think_close"] + ex.answer
+    response = tokenizer(response_text, add_special_tokens=False)["input_ids"]
+    response.append(tokenizer.convert_tokens_to_ids("<|im_end|>"))
+    return prompt, response

@@ -1,0 +1,79 @@
+"""Reasoning mode on the tiny model with a (random) adapter: one shared prefill, budget cut, think longer."""
+import pytest
+import torch
+
+from core import adapters
+from core.config import SamplingConfig
+from core.engine import Engine
+from core.events import DoneEvent, TokenEvent
+from tests.tiny import make_model, make_tokenizer
+
+GREEDY = SamplingConfig(temperature=0, repetition_penalty=1.0, max_tokens=20)
+
+
+@pytest.fixture(scope="module")
+def reasoning_engine():
+    tok = make_tokenizer()
+    model = adapters.attach_new(make_model(448), rank=4)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                torch.nn.init.normal_(p, std=0.05)
+    model.eval()
+    return Engine(model, tok, model_id="tiny", context=512, adapter_name="reason")
+
+
+def count_forward_tokens(model):
+    counter = {"tokens": 0}
+
+    def hook(module, args, kwargs):
+        ids = kwargs.get("input_ids")
+        counter["tokens"] += ids.shape[1] if ids is not None else 0
+
+    handle = model.get_base_model().model.register_forward_pre_hook(hook, with_kwargs=True)
+    return counter, handle
+
+
+def test_budget_cuts_the_trace_and_forces_the_answer(reasoning_engine):
+    events = list(reasoning_engine.stream("What is 17*23?", GREEDY, mode="reason", budget=8, answer_max_tokens=5))
+    answer = events[-1].answer
+    thinking = [e for e in events if isinstance(e, TokenEvent) and e.kind == "thinking"]
+    assert answer.route.reason and answer.route.source == "mode" and answer.adapter == "reason"
+    assert answer.thinking_tokens <= 8 and answer.budget == 8
+    if answer.budget_forced:  # the random adapter almost never writes </think> by itself
+        assert answer.text.startswith("Final answer: ")
+        assert answer.answer_tokens <= 5
+    assert "".join(e.text for e in thinking) == answer.thinking
+
+
+def test_one_prefill_serves_the_whole_request(reasoning_engine):
+    counter, handle = count_forward_tokens(reasoning_engine.model)
+    try:
+        answer = reasoning_engine.generate("hello there", GREEDY, mode="reason", budget=6, answer_max_tokens=4)
+    finally:
+        handle.remove()
+    prompt = answer.stats.prompt_tokens
+    forced = len(reasoning_engine._think_open) + (len(reasoning_engine._think_close) +
+                                                   len(reasoning_engine._forced_prefix) if answer.budget_forced else 0)
+    # prompt once + forced markers + every generated token except the last: nothing is re-encoded
+    assert counter["tokens"] == prompt + forced + answer.stats.completion_tokens - 1
+
+
+def test_base_mode_never_thinks_and_auto_without_switcher_is_base(reasoning_engine):
+    for mode in ("base", "auto"):
+        answer = reasoning_engine.generate("hello", GREEDY, mode=mode)
+        assert answer.thinking == "" and answer.thinking_tokens == 0 and not answer.route.reason
+
+
+def test_think_longer_continues_on_the_same_cache(reasoning_engine):
+    first = reasoning_engine.generate("What is 2+2?", GREEDY, mode="reason", budget=5, answer_max_tokens=3)
+    events = list(reasoning_engine.think_longer(extra_budget=6))
+    more = events[-1].answer
+    assert isinstance(events[-1], DoneEvent)
+    assert more.thinking.startswith(first.thinking) and len(more.thinking) > len(first.thinking)
+    assert more.budget == 11 and more.stats.prompt_tokens == first.stats.prompt_tokens
+
+
+def test_reason_mode_without_adapter_is_a_clear_error(tiny_engine):
+    with pytest.raises(ValueError, match="adapter"):
+        tiny_engine.generate("hi", GREEDY, mode="reason")

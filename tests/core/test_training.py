@@ -1,0 +1,91 @@
+"""Masked-LoRA SFT on the tiny model: the prompt cache is the base model's, training lowers the loss,
+the adapter changes only response logits, and save/load round-trips."""
+import json
+
+import pytest
+import torch
+
+from core import adapters
+from core.cache import new_cache
+from core.config import SftArgs
+from core.sft_data import encode_example, example_from_row, gsm8k_example
+from core.training import masked_lora_loss, train_sft
+from tests.tiny import make_model, make_tokenizer
+
+GSM_ROW = {"question": "Natalia sold 48 clips in April and half as many in May. How many in total?",
+           "answer": "In May she sold 48/2 = <<48/2=24>>24 clips.\nIn total 48+24 = <<48+24=72>>72.\n#### 72"}
+
+
+def test_gsm8k_rewrite_strips_calculator_and_boxes_answer():
+    ex = gsm8k_example(GSM_ROW)
+    assert "<<" not in ex.thinking and "24 clips" in ex.thinking and ex.answer == "The answer is \\boxed{72}."
+    math_ex = example_from_row({"problem": "1+1?", "solution": "It is $\\boxed{2}$.", "answer": "2"})
+    assert math_ex.gold == "2"
+    with pytest.raises(ValueError):
+        example_from_row({"instruction": "hi"})
+
+
+def test_encoded_response_starts_with_think_and_ends_turn():
+    tok = make_tokenizer()
+    prompt, response = encode_example(tok, gsm8k_example(GSM_ROW))
+    text = tok.decode(response)
+    assert text.startswith("<think>\n") and text.endswith("<|im_end|>") and "</think>" in text
+    assert "Think for at most" in tok.decode(prompt)
+
+
+def test_prompt_kv_identical_with_and_without_adapter():
+    model = adapters.attach_new(make_model(448), rank=4)
+    for p in model.parameters():  # make the adapter non-trivial (B starts at zero)
+        if p.requires_grad:
+            torch.nn.init.normal_(p, std=0.05)
+    ids = torch.randint(5, 300, (1, 12))
+    caches = []
+    for use_adapter in (False, True):
+        cache = new_cache(model.config, "bf16")
+        with torch.no_grad(), adapters.base(model):
+            model(input_ids=ids, cache=cache, use_cache=True)
+        caches.append(cache)
+        # decode one step with the adapter on top of the shared prompt cache
+        if use_adapter:
+            with torch.no_grad():
+                adapted = model(input_ids=ids[:, -1:], cache=cache, use_cache=True).logits
+    for a, b in zip(caches[0].layers, caches[1].layers, strict=True):
+        assert torch.equal(a.keys[:, :, :12], b.keys[:, :, :12]) and torch.equal(a.values[:, :, :12], b.values[:, :, :12])
+    with torch.no_grad(), adapters.base(model):
+        plain = model(input_ids=ids[:, -1:], cache=caches[0], use_cache=True).logits
+    assert not torch.allclose(plain, adapted)  # the adapter does act on response tokens
+
+
+def test_one_step_lowers_loss_on_fixed_example():
+    tok = make_tokenizer()
+    model = adapters.attach_new(make_model(448).float(), rank=8)
+    prompt, response = encode_example(tok, gsm8k_example(GSM_ROW))
+    params = [p for p in model.parameters() if p.requires_grad]
+    optim = torch.optim.AdamW(params, lr=1e-2)
+    before = masked_lora_loss(model, prompt, response)
+    before.backward()
+    optim.step()
+    optim.zero_grad()
+    with torch.no_grad():
+        after = masked_lora_loss(model, prompt, response)
+    assert after.item() < before.item()
+
+
+def test_train_sft_end_to_end_saves_loadable_adapter(tiny_store, tmp_path):
+    data = tmp_path / "train.jsonl"
+    data.write_text("\n".join(json.dumps(GSM_ROW) for _ in range(4)))
+    out = tmp_path / "adapter"
+    progress = []
+    args = SftArgs(data=(str(data),), out=str(out), model_id="tiny-qwen2", precision="w4", examples=4, steps=2,
+                   grad_accum=2, rank=4, alpha=8)
+    train_sft(args, progress.append, store=tiny_store)
+    assert [p.step for p in progress] == [1, 2]
+    assert (out / "adapter_model.safetensors").is_file() and (out / "train_log.jsonl").is_file()
+    meta = adapters.adapter_meta(out)
+    assert meta["base_model"] == "tiny-qwen2" and meta["steps_done"] == 2
+    from core.config import EngineConfig
+    from core.loading import load_model
+
+    base = load_model(tiny_store.get("tiny-qwen2"), EngineConfig(model_id="tiny-qwen2", precision="w4"))
+    loaded = adapters.load_adapter(base, out)
+    assert adapters.is_adapted(loaded)
