@@ -29,7 +29,13 @@ def build_parser() -> argparse.ArgumentParser:
     ask = sub.add_parser("ask", help="answer a question headlessly, streaming to stdout")
     ask.add_argument("text", metavar="TEXT", help="the question (use - to read it from stdin)")
     ask.add_argument("--mode", choices=MODES, default="base",
-                     help="base: plain answer; reason/auto: reasoning adapter (needs the reasoning core)")
+                     help="base: answer directly (default); reason: think first with the reasoning adapter; "
+                          "auto: the switcher decides")
+    ask.add_argument("--budget", type=int, default=256,
+                     help="thinking budget in tokens; 0 = no budget, up to the context (default 256)")
+    ask.add_argument("--answer-max-tokens", type=int, default=256, help="cap on the answer after thinking (default 256)")
+    ask.add_argument("--parallel", type=int, default=1, metavar="N",
+                     help="sample N answers (1-8) from one prefill and vote (verifier-weighted when available)")
     ask.add_argument("--model", default=DEFAULT_MODEL_ID, help=f"installed model id (default {DEFAULT_MODEL_ID})")
     ask.add_argument("--temperature", type=float, default=0.7, help="0 = greedy and deterministic (default 0.7)")
     ask.add_argument("--top-p", type=float, default=0.9, help="nucleus sampling threshold (default 0.9)")
@@ -87,16 +93,36 @@ def _install_sigint(cancel: threading.Event) -> None:
     signal.signal(signal.SIGINT, handler)
 
 
+def answer_json(answer, mode: str) -> dict:
+    s = answer.stats
+    route = answer.route
+    out = {
+        "answer": answer.text, "tokens": s.completion_tokens, "ttft_s": round(s.ttft_s, 4),
+        "decode_tok_s": round(s.decode_tok_s, 2), "model": answer.model, "mode": mode,
+        "finish_reason": answer.finish_reason, "prompt_tokens": s.prompt_tokens, "total_s": round(s.total_s, 3),
+        "precision": s.precision, "kv": s.kv, "kv_cache_bytes": s.kv_cache_bytes,
+        "route": None if route is None else {"reason": route.reason, "probability": route.probability,
+                                             "source": route.source, "latency_s": round(route.latency_s, 5)},
+        "adapter": answer.adapter, "thinking": answer.thinking, "thinking_tokens": answer.thinking_tokens,
+        "answer_tokens": answer.answer_tokens, "budget": answer.budget, "budget_forced": answer.budget_forced,
+    }
+    if answer.candidates:
+        out["candidates"] = [
+            {"index": c.index, "answer": c.final_answer, "score": c.score, "text": c.text, "thinking": c.thinking,
+             "thinking_tokens": c.thinking_tokens, "answer_tokens": c.answer_tokens, "budget_forced": c.budget_forced,
+             "finish_reason": c.finish_reason} for c in answer.candidates]
+        out["vote"] = {"method": answer.vote_method, "chosen": answer.chosen,
+                       "table": [{"answer": a, "weight": w, "votes": v} for a, w, v in answer.vote_table]}
+    return out
+
+
 def cmd_ask(args) -> int:
     from core.events import DoneEvent
     from core.loading import load_engine
+    from core.parallel import stream_parallel
 
     from .progress import TerminalProgress
 
-    if args.mode != "base":
-        print("ponder: reasoning modes need the reasoning adapter, which this build does not ship yet; "
-              "use --mode base.", file=sys.stderr)
-        return 2
     text = sys.stdin.read() if args.text == "-" else args.text
     sampling = SamplingConfig(
         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, repetition_penalty=args.repetition_penalty,
@@ -105,30 +131,44 @@ def cmd_ask(args) -> int:
     cfg = EngineConfig(model_id=args.model, precision=args.precision, kv=args.kv, head_bits=args.head_bits,
                        threads=args.threads)
     bar = TerminalProgress()
-    engine = load_engine(cfg, progress=bar)
+    engine = load_engine(cfg, progress=bar, reasoning=args.mode != "base")
     bar.close()
     cancel = threading.Event()
     _install_sigint(cancel)
-    kwargs = {"cancel": cancel} if args.system is None else {"cancel": cancel, "system": args.system}
-    answer = None
-    for event in engine.stream(text, sampling, **kwargs):
+    kwargs = {"cancel": cancel, "mode": args.mode, "budget": args.budget or None,
+              "answer_max_tokens": args.answer_max_tokens}
+    if args.system is not None:
+        kwargs["system"] = args.system
+    if args.parallel > 1:
+        events = stream_parallel(engine, text, sampling, n=args.parallel, **kwargs)
+    else:
+        events = engine.stream(text, sampling, **kwargs)
+    answer, kind = None, "answer"
+    for event in events:
         if isinstance(event, DoneEvent):
             answer = event.answer
-        elif not args.json:
+        elif not args.json and event.stream == 0:
+            if event.kind != kind:
+                sys.stdout.write("<think>\n" if event.kind == "thinking" else "\n</think>\n\n")
+                kind = event.kind
             sys.stdout.write(event.text)
             sys.stdout.flush()
-    s = answer.stats
     if args.json:
-        print(json.dumps({
-            "answer": answer.text, "tokens": s.completion_tokens, "ttft_s": round(s.ttft_s, 4),
-            "decode_tok_s": round(s.decode_tok_s, 2), "model": answer.model, "mode": args.mode,
-            "finish_reason": answer.finish_reason, "prompt_tokens": s.prompt_tokens, "total_s": round(s.total_s, 3),
-            "precision": s.precision, "kv": s.kv, "kv_cache_bytes": s.kv_cache_bytes,
-        }, ensure_ascii=False))
+        print(json.dumps(answer_json(answer, args.mode), ensure_ascii=False))
     else:
+        s = answer.stats
         sys.stdout.write("\n")
+        if answer.candidates:
+            print("\nCandidates:", file=sys.stderr)
+            for c in answer.candidates:
+                score = "" if c.score is None else f" score {c.score:.2f}"
+                print(f"  #{c.index}: {c.final_answer}{score}", file=sys.stderr)
+            print(f"Chosen #{answer.chosen} by {answer.vote_method} vote: {answer.text}")
+        route = answer.route
+        if route is not None and route.source == "switcher":
+            print(f"[switcher: {'reason' if route.reason else 'base'} (p={route.probability:.2f})]", file=sys.stderr)
         print(f"[{s.completion_tokens} tokens, TTFT {s.ttft_s:.2f}s, {s.decode_tok_s:.1f} tok/s, "
-              f"{answer.finish_reason}]", file=sys.stderr)
+              f"{answer.finish_reason}{', budget cut' if answer.budget_forced else ''}]", file=sys.stderr)
     return 130 if answer.finish_reason == "cancelled" else 0
 
 

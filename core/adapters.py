@@ -67,6 +67,13 @@ def save_adapter(model: nn.Module, folder: Path, meta: dict) -> None:
         for f in nested.iterdir():
             f.replace(folder / f.name)
         nested.rmdir()
+    weights = folder / "adapter_model.safetensors"
+    if weights.is_file():  # ship bf16: half the size, the precision the base computes in anyway
+        import torch
+        from safetensors.torch import load_file, save_file
+
+        state = {k: v.to(torch.bfloat16) for k, v in load_file(str(weights)).items()}
+        save_file(state, str(weights), metadata={"format": "pt"})
     (folder / META_FILE).write_text(json.dumps(meta, indent=2))
 
 

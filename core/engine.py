@@ -60,6 +60,8 @@ class Engine:
         self.context = min(context, int(getattr(model.config, "max_position_embeddings", context)))
         self.eos_ids = stop_token_ids(tokenizer)
         self.router = router
+        self.verifier = None
+        """A core.verifier.Verifier scoring parallel answers, when one is loaded."""
         self.adapter_name = adapter_name if adapters.is_adapted(model) else None
         self.last_cache = None
         self._trace: _Trace | None = None

@@ -12,6 +12,8 @@ class TokenEvent:
     kind: str = "answer"
     index: int = 0
     """Position of the token in this answer (0-based)."""
+    stream: int = 0
+    """Which of the parallel streams it belongs to."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,23 @@ class RouteDecision:
 
 
 @dataclass(frozen=True)
+class Candidate:
+    """One of N parallel answers."""
+
+    index: int
+    text: str
+    thinking: str
+    final_answer: str | None
+    """Extracted final answer (\\boxed{} or last number); None when there is none."""
+    score: float | None
+    """Verifier P(correct), None without a verifier."""
+    thinking_tokens: int
+    answer_tokens: int
+    budget_forced: bool
+    finish_reason: str
+
+
+@dataclass(frozen=True)
 class Answer:
     """A finished (or stopped) answer."""
 
@@ -64,6 +83,12 @@ class Answer:
     """True when the thinking budget ran out and the engine closed the trace."""
     route: RouteDecision | None = None
     adapter: str | None = None
+    candidates: tuple[Candidate, ...] = ()
+    vote_table: tuple[tuple[str, float, int], ...] = ()
+    """(answer, summed weight, votes), best first."""
+    vote_method: str | None = None
+    chosen: int | None = None
+    """Index of the candidate whose text is the reply."""
 
 
 @dataclass(frozen=True)

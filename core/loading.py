@@ -17,9 +17,13 @@ from models.convert import AtomicDir
 from models.errors import CorruptModelFile
 from models.quantization import load_quantized, quant_info, quantize_model, save_quantized
 
+from . import adapters
 from .config import EngineConfig
 from .engine import Engine
 from .model_store import InstalledModel, ModelStore
+from .paths import resource_dir
+from .router import Router
+from .verifier import Verifier
 
 log = logging.getLogger(__name__)
 Progress = Callable[[str, int, int], None]
@@ -73,9 +77,19 @@ def load_model(model: InstalledModel, cfg: EngineConfig, progress: Progress | No
     return qmodel
 
 
+def find_component(installed: InstalledModel, kind: str) -> Path | None:
+    """A user-trained component in the model's folder wins over the one shipped in resources/."""
+    for base in (installed.folder / "components", resource_dir() / "components" / installed.id):
+        folder = base / kind
+        if (folder / "adapter_model.safetensors").is_file() or (folder / "head.json").is_file():
+            return folder
+    return None
+
+
 def load_engine(cfg: EngineConfig | None = None, store: ModelStore | None = None,
-                progress: Progress | None = None) -> Engine:
-    """Everything needed to answer: check memory, load weights at the precision, wrap in an Engine."""
+                progress: Progress | None = None, reasoning: bool = True) -> Engine:
+    """Everything needed to answer: check memory, load weights at the precision, attach the reasoning adapter,
+    switcher and verifier when the model has them, wrap in an Engine."""
     cfg = cfg or EngineConfig()
     store = store or ModelStore()
     installed = store.get(cfg.model_id)
@@ -83,4 +97,22 @@ def load_engine(cfg: EngineConfig | None = None, store: ModelStore | None = None
     set_threads(cfg.threads)
     tokenizer = load_tokenizer(installed.hf_dir)
     model = load_model(installed, cfg, progress)
-    return Engine(model, tokenizer, model_id=cfg.model_id, precision=cfg.precision, kv=cfg.kv, context=cfg.context)
+    router = verifier = adapter_name = None
+    if reasoning:
+        adapter_dir = find_component(installed, "reasoning")
+        if adapter_dir is not None:
+            meta = adapters.adapter_meta(adapter_dir)
+            fingerprint = adapters.base_fingerprint(installed.hf_dir)
+            if meta.get("base_fingerprint") not in (None, fingerprint):
+                log.warning("adapter %s was trained on other base weights; not loading it", adapter_dir)
+            else:
+                model = adapters.load_adapter(model, adapter_dir)
+                adapter_name = meta.get("name", "reasoning")
+        switcher_dir = find_component(installed, "switcher")
+        router = Router.load(switcher_dir) if switcher_dir else None
+        verifier_dir = find_component(installed, "verifier")
+        verifier = Verifier.load(verifier_dir) if verifier_dir else None
+    engine = Engine(model, tokenizer, model_id=cfg.model_id, precision=cfg.precision, kv=cfg.kv, context=cfg.context,
+                    router=router, adapter_name=adapter_name)
+    engine.verifier = verifier
+    return engine

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from models.convert import AtomicDir
+from models.quantization import dequantized_copy
 
 from . import adapters
 from .cache import new_cache
@@ -55,6 +56,8 @@ def setup(args: SftArgs, store: ModelStore | None = None):
     torch.manual_seed(args.seed)
     tokenizer = load_tokenizer(installed.hf_dir)
     base = load_model(installed, EngineConfig(model_id=args.model_id, precision=args.precision))
+    if args.precision in ("w4", "w8"):
+        base = dequantized_copy(base)  # same function as the quantized base, dense kernels for backward
     model = adapters.attach_new(base, args.rank, args.alpha, args.dropout)
     examples = load_examples([Path(p) for p in args.data], args.examples, args.seed)
     encoded = [encode_example(tokenizer, ex) for ex in examples]

@@ -127,6 +127,27 @@ def load_quantized(folder: Path) -> nn.Module:
     return model
 
 
+def dequantized_copy(model: nn.Module) -> nn.Module:
+    """Replace every QLinear by a dense bf16 Linear holding exactly its dequantized (W4/W8 grid) weights.
+
+    The function is the quantized model's, so an adapter trained on it is trained on the quantized base
+    (QAMR) while forward and backward run on fast dense bf16 kernels instead of quanto's autograd path.
+    """
+    QLinear, _ = _qclasses()
+    for name, module in list(model.named_modules()):
+        if isinstance(module, QLinear):
+            dense = nn.Linear(module.in_features, module.out_features, bias=module.bias is not None,
+                              dtype=torch.bfloat16, device="cpu")
+            with torch.no_grad():
+                dense.weight.copy_(module.weight.dequantize().to(torch.bfloat16))
+                if module.bias is not None:
+                    dense.bias.copy_(module.bias)
+            dense.requires_grad_(False)
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent) if parent else model, child, dense)
+    return model
+
+
 def _rebuild_nonpersistent_buffers(model: nn.Module) -> None:
     """Buffers outside the state dict (rotary `inv_freq`) were built on meta; construct them again on CPU."""
     inner = getattr(model, "model", model)

@@ -1,0 +1,63 @@
+"""Tiny heads on the base model's hidden states: the switcher (reasoning needed?) and the verifier (correct?).
+
+Plain nn.Modules saved as safetensors plus a JSON config; no pickles.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+
+class SwitcherHead(nn.Module):
+    """MLP hidden→8→1 on the chunk-EMA of the prefill's last-layer states (paper: width 8, dropout 0.2)."""
+
+    def __init__(self, hidden_size: int, width: int = 8, dropout: float = 0.2):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(hidden_size, width), nn.ReLU(), nn.Dropout(dropout), nn.Linear(width, 1))
+
+    def forward(self, pooled: torch.Tensor) -> torch.Tensor:  # (B, H) -> (B,) logits
+        return self.net(pooled).squeeze(-1)
+
+
+class VerifierHead(nn.Module):
+    """Linear hidden→1 + sigmoid on the hidden state at the end of the verification prompt."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.linear = nn.Linear(hidden_size, 1)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:  # (B, H) -> (B,) logits
+        return self.linear(h).squeeze(-1)
+
+
+def chunk_ema(hidden: torch.Tensor, chunk: int = 128, alpha: float = 0.5) -> torch.Tensor:
+    """r_1 = mean(chunk 1); r_c = α·mean(chunk c) + (1−α)·r_{c−1}. hidden: (T, H) -> (H,)."""
+    r = None
+    for start in range(0, hidden.shape[0], chunk):
+        m = hidden[start:start + chunk].float().mean(0)
+        r = m if r is None else alpha * m + (1 - alpha) * r
+    return r
+
+
+def save_head(head: nn.Module, folder: Path, config: dict) -> None:
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in head.state_dict().items()}, str(folder / "head.safetensors"))
+    (folder / "head.json").write_text(json.dumps(config, indent=2))
+
+
+def load_head(folder: Path) -> tuple[nn.Module, dict]:
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    config = json.loads((folder / "head.json").read_text())
+    kind = config["kind"]
+    head = SwitcherHead(config["hidden_size"], config.get("width", 8)) if kind == "switcher" else VerifierHead(
+        config["hidden_size"])
+    head.load_state_dict(load_file(str(folder / "head.safetensors")))
+    return head.eval(), config
