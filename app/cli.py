@@ -72,6 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="train adapters and heads (sft: reasoning LoRA adapter)")
     tsub = train.add_subparsers(dest="train_command", metavar="WHAT")
     tsub.add_parser("sft", help="reasoning LoRA adapter by masked SFT (run `ponder train sft --help`)", add_help=False)
+    tsub.add_parser("switcher", help="the reasoning-needed classifier head", add_help=False)
+    tsub.add_parser("verifier", help="the answer-correctness head", add_help=False)
+    sub.add_parser("eval", help="accuracy, tokens and latency on a GSM8K/MATH file (`ponder eval --help`)",
+                   add_help=False)
 
     bench = sub.add_parser("bench", help="benchmarks")
     bsub = bench.add_subparsers(dest="bench_command", metavar="BENCH")
@@ -245,22 +249,33 @@ def cmd_bench(args) -> int:
 
 
 def cmd_train(argv: list[str]) -> int:
-    if not argv or argv[0] != "sft":
-        print("ponder train: choose what to train: sft", file=sys.stderr)
+    if not argv or argv[0] not in ("sft", "switcher", "verifier"):
+        print("ponder train: choose what to train: sft, switcher or verifier", file=sys.stderr)
         return 2
-    from core.training import main as train_main
+    if argv[0] == "sft":
+        from core.training import main as train_main
+    else:
+        from core.head_cli import main as head_main
 
+        return head_main(argv)
     return train_main(argv[1:])
 
 
 def run_cli(argv: list[str]) -> int:
     parser = build_parser()
-    if argv and argv[0] == "train":  # the recipe owns its flags (also `python -m core.training`)
+    if argv and argv[0] in ("train", "eval"):  # these own their flags (also `python -m core.training` etc.)
         try:
+            if argv[0] == "eval":
+                from core.evaluate import main as eval_main
+
+                return eval_main(argv[1:])
             return cmd_train(argv[1:])
-        except ModelError as err:
+        except (ModelError, FileNotFoundError) as err:
             print(f"ponder: {err}", file=sys.stderr)
             return 1
+        except ValueError as err:
+            print(f"ponder: {err}", file=sys.stderr)
+            return 2
     args = parser.parse_args(argv)
     handlers = {"ask": cmd_ask, "models": cmd_models, "setup": cmd_setup, "bench": cmd_bench}
     try:

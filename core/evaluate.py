@@ -1,0 +1,142 @@
+"""`ponder eval`: accuracy, thinking/answer tokens, budget-forced share, TTFT and latency on a data file;
+`--route-only` measures the switcher alone (prefill + head). Also `python -m core.evaluate`."""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from .cache import new_cache
+from .config import EngineConfig, SamplingConfig
+from .datasets import load_items
+from .decode import prefill
+from .events import DoneEvent
+from .parallel import stream_parallel
+from .prompts import reasoning_system
+from .voting import is_correct, vote
+
+
+def run_one(engine, item, args, sampling):
+    kw = {"mode": args.mode, "budget": args.budget or None, "answer_max_tokens": args.answer_max_tokens}
+    events = (stream_parallel(engine, item.prompt, sampling, n=args.parallel, **kw) if args.parallel > 1
+              else engine.stream(item.prompt, sampling, **kw))
+    for event in events:
+        if isinstance(event, DoneEvent):
+            return event.answer
+    raise RuntimeError("no answer")
+
+
+def evaluate(engine, items, args) -> dict:
+    greedy = args.parallel == 1 and args.temperature == 0
+    rows = []
+    for k, item in enumerate(items):
+        sampling = SamplingConfig(temperature=args.temperature, top_p=0.95 if not greedy else 1.0, top_k=0,
+                                  repetition_penalty=1.0, max_tokens=args.max_tokens,
+                                  seed=None if args.seed is None else args.seed + k)
+        t = time.perf_counter()
+        answer = run_one(engine, item, args, sampling)
+        latency = time.perf_counter() - t
+        row = {"correct": is_correct(answer.text, item.gold), "thinking_tokens": answer.thinking_tokens,
+               "answer_tokens": answer.answer_tokens or answer.stats.completion_tokens,
+               "budget_forced": answer.budget_forced, "ttft_s": answer.stats.ttft_s, "latency_s": latency,
+               "reasoned": bool(answer.route and answer.route.reason)}
+        if answer.candidates:
+            finals = [c.final_answer for c in answer.candidates]
+            scores = [c.score if c.score is not None else 1.0 for c in answer.candidates]
+            for method in ("weighted", "majority", "best"):
+                v = vote(finals, scores, method)
+                row[f"correct_{method}"] = v.winner is not None and is_correct(f"\\boxed{{{v.winner}}}", item.gold)
+            row["pass_at_n"] = any(is_correct(c.text, item.gold) for c in answer.candidates)
+        rows.append(row)
+        if args.progress:
+            acc = sum(r["correct"] for r in rows) / len(rows)
+            print(f"[{k + 1}/{len(items)}] acc {acc:.3f} latency {latency:.1f}s", file=sys.stderr, flush=True)
+    mean = lambda key: statistics.fmean(r[key] for r in rows) if rows else 0.0  # noqa: E731
+    out = {"n": len(rows), "accuracy": mean("correct"), "mean_thinking_tokens": mean("thinking_tokens"),
+           "mean_answer_tokens": mean("answer_tokens"), "budget_forced_share": mean("budget_forced"),
+           "mean_latency_s": mean("latency_s"), "mean_ttft_s": mean("ttft_s"), "reasoned_share": mean("reasoned"),
+           "mode": args.mode, "budget": args.budget, "parallel": args.parallel, "vote": args.vote,
+           "temperature": args.temperature, "data": str(args.data), "model": engine.model_id}
+    if args.parallel > 1 and rows:
+        for method in ("weighted", "majority", "best"):
+            out[f"accuracy_{method}"] = mean(f"correct_{method}")
+        out["pass_at_n"] = mean("pass_at_n")
+        out["accuracy"] = out[f"accuracy_{args.vote}"]
+    return out
+
+
+@torch.inference_mode()
+def route_only(engine, items, expect: str, budget: int) -> dict:
+    if engine.router is None:
+        raise ValueError("no switcher is installed for this model")
+    hits, head_s, ttft = [], [], []
+    for item in items:
+        ids = engine.prompt_ids(item.prompt, reasoning_system(budget))
+        cache = new_cache(engine.model.config, engine.kv)
+        t = time.perf_counter()
+        with engine._base():
+            logits, hidden = prefill(engine.model, torch.tensor([ids]), cache, want_hidden=True)
+        logits.argmax(-1)
+        prefill_s = time.perf_counter() - t
+        decision = engine.route("auto", hidden)
+        hits.append(decision.reason == (expect == "reason"))
+        head_s.append(decision.latency_s)
+        ttft.append(prefill_s)
+    return {"n": len(items), "accuracy": statistics.fmean(hits), "expect": expect,
+            "mean_added_latency_s": statistics.fmean(head_s), "mean_prefill_s": statistics.fmean(ttft),
+            "added_latency_share_of_ttft": statistics.fmean(head_s) / statistics.fmean(ttft)}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ponder eval", description="Evaluate on a GSM8K/MATH/Alpaca JSONL file.")
+    p.add_argument("--data", required=True, type=Path)
+    p.add_argument("--limit", type=int, default=None)
+    p.add_argument("--offset", type=int, default=0)
+    p.add_argument("--mode", choices=("base", "reason", "auto"), default="reason")
+    p.add_argument("--budget", type=int, default=256, help="thinking budget, 0 = none")
+    p.add_argument("--answer-max-tokens", type=int, default=128)
+    p.add_argument("--max-tokens", type=int, default=320, help="cap for base-mode answers")
+    p.add_argument("--parallel", type=int, default=1)
+    p.add_argument("--vote", choices=("weighted", "majority", "best"), default="weighted")
+    p.add_argument("--temperature", type=float, default=None, help="default: 0 for one stream, 0.7 for parallel")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--model", default=EngineConfig().model_id)
+    p.add_argument("--route-only", action="store_true", help="prefill + switcher only")
+    p.add_argument("--expect", choices=("reason", "base"), help="with --route-only: the right decision for the file")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--out", type=Path, default=None, help="also write the JSON result here")
+    p.add_argument("--progress", action="store_true")
+    return p
+
+
+def main(argv=None) -> int:
+    from .loading import load_engine
+
+    args = build_parser().parse_args(argv)
+    if args.temperature is None:
+        args.temperature = 0.0 if args.parallel == 1 else 0.7
+    items = load_items(args.data, args.limit, args.offset)
+    engine = load_engine(EngineConfig(model_id=args.model), reasoning=True)
+    if args.route_only:
+        if not args.expect:
+            raise ValueError("--route-only needs --expect reason|base")
+        result = route_only(engine, items, args.expect, args.budget)
+    else:
+        if any(i.gold is None for i in items):
+            raise ValueError(f"{args.data} has no reference answers; use --route-only for chat prompts")
+        result = evaluate(engine, items, args)
+    text = json.dumps(result, indent=None if args.json else 2)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2))
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

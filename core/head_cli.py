@@ -1,0 +1,47 @@
+"""`ponder train switcher|verifier`: collect features with the loaded engine and fit the head."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .config import EngineConfig
+from .datasets import load_items
+
+
+def main(argv: list[str]) -> int:
+    from .head_training import train_switcher, train_verifier, verifier_data
+    from .loading import load_engine
+
+    what, rest = argv[0], argv[1:]
+    p = argparse.ArgumentParser(prog=f"ponder train {what}")
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--model", default=EngineConfig().model_id)
+    p.add_argument("--seed", type=int, default=0)
+    if what == "switcher":
+        p.add_argument("--reason-data", action="append", required=True, help="GSM8K/MATH JSONL (label: reason)")
+        p.add_argument("--chat-data", action="append", required=True, help="Alpaca JSONL (label: base)")
+        p.add_argument("--per-file", type=int, default=200, help="prompts taken from each file")
+    else:
+        p.add_argument("--data", action="append", required=True, help="GSM8K/MATH JSONL with reference answers")
+        p.add_argument("--questions", type=int, default=60)
+        p.add_argument("--samples", type=int, default=4)
+        p.add_argument("--budget", type=int, default=256)
+    args = p.parse_args(rest)
+    say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    if what == "switcher":
+        engine = load_engine(EngineConfig(model_id=args.model), reasoning=False)
+        reason = [i for f in args.reason_data for i in load_items(f, args.per_file, shuffle_seed=args.seed)]
+        chat = [i for f in args.chat_data for i in load_items(f, args.per_file * len(args.reason_data))]
+        metrics = train_switcher(engine, reason, chat, args.out, seed=args.seed, report=say)
+    else:
+        engine = load_engine(EngineConfig(model_id=args.model), reasoning=True)
+        if not engine.can_reason:
+            raise ValueError("the verifier scores reasoning answers: install or train the reasoning adapter first")
+        per_file = max(1, args.questions // len(args.data))
+        items = [i for f in args.data for i in load_items(f, per_file, shuffle_seed=args.seed)]
+        x, y = verifier_data(engine, items, samples=args.samples, budget=args.budget, seed=args.seed, report=say)
+        metrics = train_verifier(x, y, args.out, hidden_size=x.shape[1], model_id=engine.model_id, seed=args.seed)
+    print(json.dumps(metrics))
+    return 0

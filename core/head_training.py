@@ -1,0 +1,139 @@
+"""Training the two tiny heads on the frozen quantized base: the switcher and the verifier.
+
+Features come from the same code paths inference uses (engine prefill for the switcher, the parallel
+decoder's verification step for the verifier), so what a head sees in training is what it sees in use.
+Heads train in seconds; collecting verifier data (sampling answers) is what takes time.
+"""
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+
+import torch
+
+from models.heads import SwitcherHead, VerifierHead, chunk_ema, save_head
+
+from .cache import new_cache
+from .config import SamplingConfig
+from .datasets import Item
+from .decode import prefill
+from .parallel import stream_parallel
+from .prompts import reasoning_system
+from .voting import is_correct
+
+
+@torch.inference_mode()
+def switcher_features(engine, prompts: list[str], budget: int = 256, chunk: int = 128, alpha: float = 0.5):
+    """Pooled last-layer prefill states (N, H), exactly as `auto` mode computes them."""
+    feats = []
+    for text in prompts:
+        ids = engine.prompt_ids(text, reasoning_system(budget))
+        cache = new_cache(engine.model.config, engine.kv)
+        with engine._base():
+            _, hidden = prefill(engine.model, torch.tensor([ids]), cache, want_hidden=True)
+        feats.append(chunk_ema(hidden[0], chunk, alpha))
+    return torch.stack(feats)
+
+
+def fit_head(head, x: torch.Tensor, y: torch.Tensor, *, epochs: int, lr: float, noise: float = 0.0,
+             weight_decay: float = 1e-4, seed: int = 0):
+    torch.manual_seed(seed)
+    pos = y.mean().clamp(0.05, 0.95)
+    loss_fn = torch.nn.BCEWithLogitsLoss(pos_weight=(1 - pos) / pos)
+    optim = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=weight_decay)
+    head.train()
+    for _ in range(epochs):
+        inp = x + noise * torch.randn_like(x) if noise else x
+        loss = loss_fn(head(inp), y)
+        optim.zero_grad()
+        loss.backward()
+        optim.step()
+    head.eval()
+    return head
+
+
+def accuracy(head, x, y, threshold: float = 0.5) -> float:
+    with torch.no_grad():
+        return ((torch.sigmoid(head(x)) >= threshold).float() == y).float().mean().item()
+
+
+def auc(head, x, y) -> float | None:
+    with torch.no_grad():
+        s = torch.sigmoid(head(x))
+    pos, neg = s[y == 1], s[y == 0]
+    if len(pos) == 0 or len(neg) == 0:
+        return None
+    return ((pos[:, None] > neg[None, :]).float().mean() + 0.5 * (pos[:, None] == neg[None, :]).float().mean()).item()
+
+
+def split(n: int, val_share: float, seed: int):
+    idx = list(range(n))
+    random.Random(seed).shuffle(idx)
+    k = max(1, int(n * val_share))
+    return idx[k:], idx[:k]
+
+
+def train_switcher(engine, reason_items: list[Item], chat_items: list[Item], out: Path, *, seed: int = 0,
+                   noise: float = 0.5, val_share: float = 0.2, report=print) -> dict:
+    prompts = [i.prompt for i in reason_items] + [i.prompt for i in chat_items]
+    labels = torch.tensor([1.0] * len(reason_items) + [0.0] * len(chat_items))
+    t = time.perf_counter()
+    x = switcher_features(engine, prompts).float()
+    report(f"features: {len(prompts)} prompts in {time.perf_counter() - t:.0f}s")
+    tr, va = split(len(prompts), val_share, seed)
+    head = fit_head(SwitcherHead(x.shape[1]), x[tr], labels[tr], epochs=400, lr=1e-2, noise=noise, seed=seed)
+    metrics = {"train_accuracy": accuracy(head, x[tr], labels[tr]), "val_accuracy": accuracy(head, x[va], labels[va]),
+               "val_auc": auc(head, x[va], labels[va]), "n_train": len(tr), "n_val": len(va)}
+    save_head(head, out, {"kind": "switcher", "hidden_size": x.shape[1], "width": 8, "threshold": 0.5, "chunk": 128,
+                          "alpha": 0.5, "noise": noise, "model": engine.model_id, **metrics})
+    return metrics
+
+
+class _Capture:
+    """Stands in for the verifier while collecting data: keeps each hidden state, returns its index as 'score'."""
+
+    def __init__(self):
+        self.rows: list[torch.Tensor] = []
+
+    def scores(self, hidden: torch.Tensor) -> list[float]:
+        out = []
+        for h in hidden:
+            self.rows.append(h.float().clone())
+            out.append(float(len(self.rows) - 1))
+        return out
+
+
+def verifier_data(engine, items: list[Item], *, samples: int = 4, budget: int = 256, answer_max_tokens: int = 128,
+                  temperature: float = 0.7, seed: int = 0, report=print):
+    """Sample `samples` reasoning answers per question; label each by math-verify against the gold answer."""
+    capture, saved = _Capture(), engine.verifier
+    engine.verifier = capture
+    feats, labels = [], []
+    try:
+        for k, item in enumerate(items):
+            cfg = SamplingConfig(temperature=temperature, top_p=0.95, top_k=0, repetition_penalty=1.0, seed=seed + k)
+            answer = None
+            for event in stream_parallel(engine, item.prompt, cfg, n=samples, mode="reason", budget=budget,
+                                         answer_max_tokens=answer_max_tokens):
+                answer = getattr(event, "answer", answer)
+            for c in answer.candidates:
+                if c.score is None:
+                    continue
+                feats.append(capture.rows[int(c.score)])
+                labels.append(1.0 if is_correct(c.text, item.gold) else 0.0)
+            report(f"{k + 1}/{len(items)} questions, {int(sum(labels))}/{len(labels)} correct so far")
+    finally:
+        engine.verifier = saved
+    return torch.stack(feats), torch.tensor(labels)
+
+
+def train_verifier(x: torch.Tensor, y: torch.Tensor, out: Path, *, hidden_size: int, model_id: str, seed: int = 0,
+                   val_share: float = 0.1) -> dict:
+    tr, va = split(len(y), val_share, seed)
+    head = fit_head(VerifierHead(hidden_size), x[tr], y[tr], epochs=300, lr=5e-3, weight_decay=1e-3, seed=seed)
+    metrics = {"train_accuracy": accuracy(head, x[tr], y[tr]), "val_accuracy": accuracy(head, x[va], y[va]),
+               "val_auc": auc(head, x[va], y[va]), "n_train": len(tr), "n_val": len(va),
+               "positive_share": y.mean().item()}
+    save_head(head, out, {"kind": "verifier", "hidden_size": hidden_size, "model": model_id, **metrics})
+    return metrics

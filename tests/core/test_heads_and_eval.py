@@ -1,0 +1,74 @@
+"""Switcher/verifier training pipelines and `ponder eval` logic on the tiny model (real code paths, tiny sizes)."""
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from core import adapters
+from core.datasets import Item, load_items
+from core.engine import Engine
+from core.evaluate import evaluate
+from core.head_training import train_switcher, train_verifier, verifier_data
+from core.router import Router
+from core.verifier import Verifier
+from tests.tiny import make_model, make_tokenizer
+
+
+@pytest.fixture(scope="module")
+def engine():
+    model = adapters.attach_new(make_model(448), rank=4)
+    model.eval()
+    return Engine(model, make_tokenizer(), model_id="tiny", context=512, adapter_name="reason")
+
+
+def test_switcher_trains_saves_and_routes(engine, tmp_path):
+    reason = [Item(f"What is {a}*{a + 3}? Think step by step.", str(a * (a + 3)), "gsm8k") for a in range(12)]
+    chat = [Item(f"Write a short poem about the {w}.", None, "alpaca") for w in
+            ["sea", "sky", "dog", "cat", "tree", "sun", "moon", "rain", "snow", "wind", "city", "road"]]
+    metrics = train_switcher(engine, reason, chat, tmp_path / "sw", report=lambda m: None)
+    assert metrics["n_train"] + metrics["n_val"] == 24 and metrics["train_accuracy"] >= 0.5
+    router = Router.load(tmp_path / "sw")
+    engine.router = router
+    try:
+        from core.config import SamplingConfig
+
+        answer = engine.generate("What is 3*6?", SamplingConfig(temperature=0, max_tokens=3), mode="auto", budget=4,
+                                 answer_max_tokens=2)
+        assert answer.route.source == "switcher" and 0.0 <= answer.route.probability <= 1.0
+        assert answer.route.reason == (answer.route.probability >= router.threshold)
+    finally:
+        engine.router = None
+
+
+def test_verifier_data_and_training(engine, tmp_path):
+    items = [Item("What is 2+2?", "4", "gsm8k"), Item("What is 3+3?", "6", "gsm8k")]
+    x, y = verifier_data(engine, items, samples=2, budget=4, answer_max_tokens=3, report=lambda m: None)
+    assert x.shape == (4, 128) and set(y.tolist()) <= {0.0, 1.0}
+    y = torch.tensor([1.0, 0.0, 1.0, 0.0])  # the random model is never right: give the fit both classes
+    metrics = train_verifier(x, y, tmp_path / "v", hidden_size=128, model_id="tiny")
+    assert metrics["n_train"] + metrics["n_val"] == 4
+    assert Verifier.load(tmp_path / "v").scores(x[:2]).__len__() == 2
+
+
+def test_evaluate_reports_the_agreed_fields(engine, tmp_path):
+    data = tmp_path / "gsm.jsonl"
+    data.write_text("\n".join(json.dumps({"question": f"What is {a}+1?", "answer": f"so\n#### {a + 1}"})
+                              for a in range(2)))
+    items = load_items(data)
+    args = SimpleNamespace(mode="reason", budget=4, answer_max_tokens=3, max_tokens=4, parallel=2, vote="majority",
+                           temperature=0.7, seed=0, progress=False, data=data)
+    out = evaluate(engine, items, args)
+    for key in ("n", "accuracy", "mean_thinking_tokens", "mean_answer_tokens", "budget_forced_share",
+                "mean_latency_s", "accuracy_weighted", "accuracy_majority", "pass_at_n"):
+        assert key in out
+    assert out["n"] == 2 and 0 <= out["budget_forced_share"] <= 1 and out["mean_thinking_tokens"] <= 4
+
+
+def test_bad_data_file_errors(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "x", "answer": "#### 1"}\nnot json\n')
+    with pytest.raises(ValueError, match="bad.jsonl:2"):
+        load_items(bad)
+    with pytest.raises(FileNotFoundError):
+        load_items(tmp_path / "missing.jsonl")
