@@ -73,17 +73,43 @@ class EngineService(QObject):
         self.stateChanged.emit("ready")
         return True
 
-    def _run(self, messages, sampling: SamplingConfig, cancel: threading.Event) -> Answer:
+    @property
+    def can_reason(self) -> bool:
+        return self._engine is not None and self._engine.can_reason
+
+    def _events(self, kind: str, args: tuple, options: dict, cancel: threading.Event):
+        if kind == "think_longer":
+            return self._engine.think_longer(options.get("extra_budget", 256), cancel=cancel)
+        messages, sampling = args
+        n = options.pop("parallel", 1)
+        if n > 1:
+            from core.parallel import stream_parallel
+
+            return stream_parallel(self._engine, messages, sampling, n=n, cancel=cancel, **options)
+        return self._engine.stream(messages, sampling, cancel=cancel, **options)
+
+    def _run(self, kind: str, args: tuple, options: dict, cancel: threading.Event) -> Answer:
         answer = None
-        for event in self._engine.stream(messages, sampling, cancel=cancel):
+        for event in self._events(kind, args, dict(options), cancel):
             if isinstance(event, TokenEvent):
                 self._post(self.tokenReceived, event)
             elif isinstance(event, DoneEvent):
                 answer = event.answer
         return answer
 
-    async def ask(self, messages, sampling: SamplingConfig | None = None) -> Answer | None:
-        """Stream an answer to `messages`; emits tokenReceived per piece and answerFinished at the end."""
+    async def ask(self, messages, sampling: SamplingConfig | None = None, **options) -> Answer | None:
+        """Stream an answer to `messages`; emits tokenReceived per piece and answerFinished at the end.
+
+        options: mode ('base'|'reason'|'auto'), budget, answer_max_tokens, parallel (1-8)."""
+        if options.get("mode", "base") != "base" and not self.can_reason:
+            options["mode"] = "base"
+        return await self._submit("ask", (messages, sampling or SamplingConfig()), options)
+
+    async def think_longer(self, extra_budget: int = 256) -> Answer | None:
+        """Continue the last reasoning trace on its cache with `extra_budget` more thinking tokens."""
+        return await self._submit("think_longer", (), {"extra_budget": extra_budget})
+
+    async def _submit(self, kind: str, args: tuple, options: dict) -> Answer | None:
         if self._engine is None:
             self.failed.emit("The model is not loaded yet.")
             return None
@@ -95,8 +121,7 @@ class EngineService(QObject):
         self.busy = True
         self.busyChanged.emit(True)
         try:
-            answer = await self._loop.run_in_executor(
-                self._executor, self._run, messages, sampling or SamplingConfig(), self._cancel)
+            answer = await self._loop.run_in_executor(self._executor, self._run, kind, args, options, self._cancel)
         except Exception as err:
             self.failed.emit(str(err))
             return None

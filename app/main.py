@@ -15,15 +15,20 @@ def run_gui() -> int:
     import qasync
     from PySide6.QtWidgets import QApplication
 
+    from core import paths
     from core.config import EngineConfig
+    from core.store import ChatStore
     from ui.main_window import MainWindow
 
+    from .chat_controller import ChatController
     from .engine_service import EngineService
 
     app = QApplication.instance() or QApplication(sys.argv)
     app.setApplicationName("Ponder")
+    store = ChatStore(paths.data_dir() / "chats.db")
     service = EngineService(EngineConfig())
-    window = MainWindow(service)
+    controller = ChatController(service, store)
+    window = MainWindow(service, controller)
     window.show()
 
     async def start():

@@ -165,7 +165,7 @@ class Engine:
             think_end = think_start + len(think.ids) - (1 if think.pending is None else 0)
             forced_ids = ([] if think.pending is None else [think.pending]) + self._think_close + self._forced_prefix
         thinking_text = thinking_so_far + think.text
-        forced = not closed_by_model and think.reason != "cancelled"
+        forced = not closed_by_model and think.reason != "cancelled"  # the engine closes the trace itself
         answer_text, answer_ids, reason = "", [], think.reason
         if think.reason != "cancelled":
             with torch.inference_mode():
@@ -181,7 +181,7 @@ class Engine:
         yield DoneEvent(self._answer(
             answer_text, reason, thinking_ids + answer_ids, prompt_len, think.first_token_at, start, cache,
             route=decision, thinking=thinking_text, thinking_tokens=len(thinking_ids), answer_tokens=len(answer_ids),
-            budget=total_budget or budget, budget_forced=forced))
+            budget=total_budget or budget, budget_forced=forced and think.reason == "length"))
 
     def _answer(self, text, reason, out_ids, prompt_len, first_at, start, cache, **extra) -> Answer:
         end = time.perf_counter()

@@ -38,6 +38,8 @@ class Row:
     thinking_ids: list[int] = field(default_factory=list)
     answer_ids: list[int] = field(default_factory=list)
     forced: bool = False
+    """The engine closed the trace (budget reached or end-of-turn inside it)."""
+    budget_hit: bool = False
     finish: str = ""
     score: float | None = None
     scoring: bool = False
@@ -119,7 +121,7 @@ def stream_parallel(engine, messages: Sequence[dict] | str, sampling: SamplingCo
                 if row.think.stopped:
                     row.phase = "answer"
                 elif is_eos or len(row.thinking_ids) >= think_limit:
-                    row.phase, row.forced = "answer", True
+                    row.phase, row.forced, row.budget_hit = "answer", True, not is_eos
                     row.queue = engine._think_close + engine._forced_prefix
                     tail = row.think.flush()
                     if tail:
@@ -171,7 +173,7 @@ def _combine(engine, rows: list[Row], ids, decision, budget, start, first_at, pr
     for row in rows:
         text = (engine._forced_prefix_text if row.forced else "") + row.answer.text.lstrip("\n")
         candidates.append(Candidate(row.index, text, row.think.text, extract_answer(text), row.score,
-                                    len(row.thinking_ids), len(row.answer_ids), row.forced, row.finish or "cancelled"))
+                                    len(row.thinking_ids), len(row.answer_ids), row.budget_hit, row.finish or "cancelled"))
     weights = [c.score if c.score is not None else 1.0 for c in candidates]
     method = "weighted" if all(c.score is not None for c in candidates) else "majority"
     result = vote([c.final_answer for c in candidates], weights, method)

@@ -54,7 +54,8 @@ def test_one_prefill_serves_the_whole_request(reasoning_engine):
         handle.remove()
     prompt = answer.stats.prompt_tokens
     forced = len(reasoning_engine._think_open) + (len(reasoning_engine._think_close) +
-                                                   len(reasoning_engine._forced_prefix) if answer.budget_forced else 0)
+                                                   len(reasoning_engine._forced_prefix)
+                                                   if answer.text.startswith("Final answer: ") else 0)
     # prompt once + forced markers + every generated token except the last: nothing is re-encoded
     assert counter["tokens"] == prompt + forced + answer.stats.completion_tokens - 1
 

@@ -1,10 +1,15 @@
-"""The window drives the real tiny engine through EngineService: send, stream, stop."""
+"""The window on the real tiny engine (with a random reasoning adapter) and a real chat store, offscreen."""
 import asyncio
 
 import pytest
 import qasync
 
+from app.chat_controller import ChatController
 from app.engine_service import EngineService
+from core import adapters
+from core.engine import Engine
+from core.store import ChatStore
+from tests.tiny import make_model, make_tokenizer
 from ui.main_window import MainWindow
 
 
@@ -17,7 +22,26 @@ def loop(qapp):
     asyncio.set_event_loop(None)
 
 
-def run_until(loop, predicate, timeout=30.0):
+@pytest.fixture(scope="module")
+def reasoning_engine():
+    model = adapters.attach_new(make_model(448), rank=4)
+    model.eval()
+    return Engine(model, make_tokenizer(), model_id="tiny", context=512, adapter_name="reason")
+
+
+@pytest.fixture
+def window(qtbot, loop, reasoning_engine, tmp_path):
+    service = EngineService(engine=reasoning_engine)
+    store = ChatStore(tmp_path / "chats.db", flush_s=0.05)
+    controller = ChatController(service, store)
+    win = MainWindow(service, controller)
+    qtbot.addWidget(win)
+    loop.run_until_complete(service.start())
+    yield win
+    service.shutdown()
+
+
+def run_until(loop, predicate, timeout=60.0):
     async def wait():
         for _ in range(int(timeout / 0.02)):
             if predicate():
@@ -28,32 +52,83 @@ def run_until(loop, predicate, timeout=30.0):
     return loop.run_until_complete(wait())
 
 
-def test_send_streams_answer_into_transcript(qtbot, loop, tiny_engine):
-    service = EngineService(engine=tiny_engine)
-    window = MainWindow(service)
-    qtbot.addWidget(window)
-    loop.run_until_complete(service.start())
-    assert window.send_button.isEnabled() and "Ready" in window.status.text()
-    window.composer.setPlainText("What is 17*23?")
-    window.send_button.click()
-    assert run_until(loop, lambda: len(window.messages) == 2)
-    assert window.messages[0] == {"role": "user", "content": "What is 17*23?"}
+def send(win, loop, text, mode="base", budget=256, parallel=1):
+    win.composer.apply(mode, budget, parallel)
+    win.composer.input.setPlainText(text)
+    before = len(win.controller.messages())
+    win.composer.send_button.click()
+    assert run_until(loop, lambda: not win.service.busy and len(win.controller.messages()) >= before + 2)
+    return win.controller.messages()[-1]
+
+
+def test_fast_answer_is_streamed_saved_and_shown(window, loop):
+    reply = send(window, loop, "What is 17*23?", mode="base")
+    assert reply.role == "assistant" and reply.status == "complete" and reply.meta["route"]["reason"] is False
+    assert window.sidebar.list.count() == 1 and "What is 17*23?" in window.sidebar.list.item(0).text()
     assert "tok/s" in window.status.text()
-    assert window.messages[1]["content"][:5] in window.transcript.toPlainText()
-    service.shutdown()
+    assert reply.content[:3] in window.view.toPlainText()
 
 
-def test_stop_button_cancels(qtbot, loop, tiny_engine):
-    from core.config import SamplingConfig
+def test_reasoning_answer_has_trace_meter_and_budget_cut(window, loop):
+    reply = send(window, loop, "What is 2+2?", mode="reason", budget=128)
+    assert reply.meta["budget"] == 128 and reply.meta["thinking_tokens"] <= 128
+    text = window.view.toPlainText()
+    assert "Thinking" in text and "/128 tokens" in text
+    if reply.meta["budget_forced"]:
+        assert "cut at budget" in text
+    assert "show" in window.view.toPlainText()
+    window.view.expanded.add(reply.id)  # what clicking "show" does
+    window.render()
+    assert "hide" in window.view.toPlainText()
+    assert len(window.view.toPlainText()) > len(text)
 
-    service = EngineService(engine=tiny_engine)
-    window = MainWindow(service)
-    qtbot.addWidget(window)
-    loop.run_until_complete(service.start())
-    task = asyncio.ensure_future(service.ask("hi", SamplingConfig(temperature=0, max_tokens=5000, ignore_eos=True)))
-    assert run_until(loop, lambda: window.stop_button.isEnabled())
-    window.stop_button.click()
-    loop.run_until_complete(task)
-    assert task.result().finish_reason == "cancelled"
-    assert not window.stop_button.isEnabled()
-    service.shutdown()
+
+def test_parallel_answers_show_candidates_and_vote(window, loop):
+    reply = send(window, loop, "What is 3+4?", mode="reason", budget=128, parallel=4)
+    assert len(reply.meta["candidates"]) == 4 and reply.meta["vote"]["method"] in ("weighted", "majority")
+    text = window.view.toPlainText()
+    assert "Vote (" in text
+    other = next(c for c in reply.meta["candidates"] if c["index"] != reply.meta["chosen"])
+    window.controller.pick_candidate(reply.id, other["index"])
+    assert window.controller.messages()[-1].content == other["text"]
+
+
+def test_stop_cancels_and_keeps_partial_reply(window, loop):
+    window.composer.apply("base", 256, 1)
+    window.composer.input.setPlainText("Tell me everything")
+    window.composer.send_button.click()
+    assert run_until(loop, lambda: window.service.busy)
+    window.composer.stopRequested.emit()
+    assert run_until(loop, lambda: not window.service.busy)
+    reply = window.controller.messages()[-1]
+    assert reply.status == "cancelled"
+
+
+def test_search_export_rename_delete_undo(window, loop, tmp_path, monkeypatch):
+    send(window, loop, "Remember the word pineapple", mode="base")
+    window.sidebar.search.setText("pineapple")
+    assert window.sidebar.list.count() == 1 and "[pineapple]" in window.sidebar.list.item(0).text()
+    window.sidebar.search.setText("")
+    cid = window.controller.current
+    from ui import dialogs
+
+    monkeypatch.setattr(dialogs.ExportDialog, "ask", classmethod(lambda cls, p, s, f: str(tmp_path / f"out.{f}")))
+    monkeypatch.setattr(dialogs.RenameDialog, "ask", classmethod(lambda cls, p, c: "Fruit"))
+    window.export(cid, "md")
+    assert "pineapple" in (tmp_path / "out.md").read_text()
+    window.rename(cid)
+    assert window.sidebar.list.item(0).text() == "Fruit"
+    window.delete(cid)
+    assert window.sidebar.list.count() == 0 and window.undo_button.isVisibleTo(window)
+    window.undo_delete()
+    assert window.sidebar.list.count() == 1
+
+
+def test_composer_settings_and_window_geometry_persist(window, loop, tmp_path):
+    window.composer.apply("reason", 512, 3)
+    window.options()
+    window.resize(900, 650)
+    window.close()
+    store = ChatStore(tmp_path / "chats.db")
+    assert store.get_setting("composer") == {"mode": "reason", "budget": 512, "parallel": 3}
+    assert store.get_setting("window_geometry")

@@ -1,0 +1,128 @@
+"""Chat store: CRUD, search, undo, export, migrations from every earlier schema, crash safety, corrupt files."""
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import sqlite_utils
+
+from core.store import MIGRATIONS, SCHEMA_VERSION, ChatStore, ReplyWriter, export_json, export_markdown
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_conversations_messages_search_export(tmp_path):
+    store = ChatStore(tmp_path / "chats.db")
+    cid = store.new_conversation("Primes")
+    store.add_message(cid, "user", "Is 391 a prime number?")
+    store.add_message(cid, "assistant", "No: 391 = 17 × 23.", thinking="try small factors", meta={"route": "reason"})
+    other = store.new_conversation("Poems")
+    store.add_message(other, "user", "Write a haiku about autumn leaves")
+    assert [c["title"] for c in store.conversations()] == ["Poems", "Primes"]
+    hits = store.search("factors")
+    assert len(hits) == 1 and hits[0]["conversation_id"] == cid and "[factors]" in hits[0]["snippet"]
+    assert {h["conversation_id"] for h in store.search("autumn")} == {other}
+    assert store.search('"; DROP TABLE messages; --') == []  # typed text is data, never SQL
+    md = export_markdown(store, cid)
+    assert "# Primes" in md and "try small factors" in md and "17 × 23" in md
+    data = json.loads(export_json(store, cid))
+    assert data["messages"][1]["meta"] == {"route": "reason"}
+    store.rename(cid, "Factoring")
+    assert store.db["conversations"].get(cid)["title"] == "Factoring"
+
+
+def test_delete_and_undo(tmp_path):
+    store = ChatStore(tmp_path / "chats.db")
+    cid = store.new_conversation("Keep me")
+    store.add_message(cid, "user", "hello")
+    snapshot = store.delete(cid)
+    assert store.conversations() == [] and store.search("hello") == []
+    store.restore(snapshot)
+    assert [m.content for m in store.messages(cid)] == ["hello"] and store.search("hello")
+
+
+def test_settings_roundtrip(tmp_path):
+    store = ChatStore(tmp_path / "chats.db")
+    store.set_setting("budget", 512)
+    store.close()
+    assert ChatStore(tmp_path / "chats.db").get_setting("budget") == 512
+
+
+def test_migrates_from_every_earlier_schema(tmp_path):
+    for version in range(1, SCHEMA_VERSION):
+        path = tmp_path / f"v{version}.db"
+        db = sqlite_utils.Database(path)
+        for number, migration in enumerate(MIGRATIONS[:version], start=1):
+            migration(db)
+            db.execute(f"PRAGMA user_version = {number}")
+        db["conversations"].insert({"id": "c1", "title": "Old", "created": 1.0, "updated": 1.0})
+        db["messages"].insert({"conversation_id": "c1", "role": "user", "content": "old words", "status": "complete",
+                               "created": 1.0})
+        db.conn.close()
+        store = ChatStore(path)
+        assert ChatStore.schema_version(store.db) == SCHEMA_VERSION
+        assert [m.content for m in store.messages("c1")] == ["old words"]
+        assert store.search("words")[0]["conversation_id"] == "c1"
+
+
+def test_corrupt_database_is_moved_aside_and_replaced(tmp_path):
+    path = tmp_path / "chats.db"
+    path.write_bytes(b"this is not sqlite" * 100)
+    store = ChatStore(path)
+    assert store.recovered_from is not None and store.recovered_from.read_bytes().startswith(b"this is not")
+    assert store.conversations() == []
+    store.new_conversation("works again")
+
+
+def test_newer_schema_is_refused_not_destroyed(tmp_path):
+    path = tmp_path / "chats.db"
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA user_version = 99")
+    conn.close()
+    store = ChatStore(path)
+    assert store.recovered_from is not None and store.recovered_from.exists()
+
+
+KILLED_WRITER = """
+import sys, time
+from core.store import ChatStore, ReplyWriter
+store = ChatStore(sys.argv[1], flush_s=0.1)
+cid = store.new_conversation("crash")
+store.add_message(cid, "user", "tell me a long story")
+writer = ReplyWriter(store, cid)
+print(cid, flush=True)
+for i in range(10000):
+    writer.append(f"word{i} ")
+    time.sleep(0.005)
+"""
+
+
+def test_reply_survives_sigkill_mid_stream(tmp_path):
+    path = tmp_path / "chats.db"
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(path)], cwd=ROOT, stdout=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    cid = proc.stdout.readline().strip()
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    store = ChatStore(path)
+    msgs = store.messages(cid)
+    assert [m.role for m in msgs] == ["user", "assistant"]
+    reply = msgs[1]
+    assert reply.status == "incomplete" and reply.content.startswith("word0 word1 ") and len(reply.content) > 50
+
+
+def test_reply_writer_batches_and_finishes(tmp_path):
+    store = ChatStore(tmp_path / "chats.db", flush_s=60)
+    cid = store.new_conversation()
+    w = ReplyWriter(store, cid)
+    w.append("think", "thinking")
+    w.append("Hello")
+    assert store.messages(cid)[0].content == ""  # batched: not yet written
+    w.finish("complete", meta={"tokens": 2})
+    m = store.messages(cid)[0]
+    assert (m.content, m.thinking, m.status, m.meta) == ("Hello", "think", "complete", {"tokens": 2})

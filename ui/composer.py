@@ -1,0 +1,76 @@
+"""The composer: multi-line input, reasoning mode (Auto / Reason / Fast), thinking budget, parallel answers,
+Send (Ctrl+Enter) and Stop (Esc). Emits what the user asked for; knows nothing about models."""
+from __future__ import annotations
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QKeySequence, QShortcut
+from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget
+
+BUDGETS = [("128", 128), ("256", 256), ("512", 512), ("1024", 1024), ("Unlimited", None)]
+MODE_LABELS = {"auto": "Auto", "reason": "Reason", "base": "Fast"}
+
+
+class Composer(QWidget):
+    sendRequested = Signal(str)
+    stopRequested = Signal()
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.input = QPlainTextEdit(placeholderText="Ask anything…  (Ctrl+Enter to send, Esc to stop)")
+        self.input.setMaximumHeight(110)
+        self.mode = QComboBox()
+        for key, label in MODE_LABELS.items():
+            self.mode.addItem(label, key)
+        self.mode.setToolTip("Auto: the switcher decides whether to think. Reason: always think. Fast: answer directly.")
+        self.budget = QComboBox()
+        for label, value in BUDGETS:
+            self.budget.addItem(label, value)
+        self.budget.setCurrentIndex(1)
+        self.budget.setToolTip("Thinking budget in tokens: at the budget Ponder closes the trace and answers.")
+        self.parallel = QSpinBox(minimum=1, maximum=8)
+        self.parallel.setToolTip("Parallel answers: sample N, score them with the verifier, vote.")
+        self.send_button = QPushButton("Send")
+        self.send_button.setDefault(True)
+        self.stop_button = QPushButton("Stop")
+        self.stop_button.setEnabled(False)
+        row = QHBoxLayout()
+        for label, widget in (("Mode", self.mode), ("Budget", self.budget), ("Answers", self.parallel)):
+            row.addWidget(QLabel(label))
+            row.addWidget(widget)
+        row.addStretch(1)
+        row.addWidget(self.stop_button)
+        row.addWidget(self.send_button)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(self.input)
+        layout.addLayout(row)
+        self.send_button.clicked.connect(self._send)
+        self.stop_button.clicked.connect(self.stopRequested)
+        QShortcut(QKeySequence("Ctrl+Return"), self, activated=self._send)
+        QShortcut(QKeySequence(Qt.Key.Key_Escape), self, activated=self.stopRequested)
+
+    def _send(self) -> None:
+        text = self.input.toPlainText().strip()
+        if text and self.send_button.isEnabled():
+            self.input.clear()
+            self.sendRequested.emit(text)
+
+    def set_busy(self, busy: bool, ready: bool = True) -> None:
+        self.send_button.setEnabled(ready and not busy)
+        self.stop_button.setEnabled(busy)
+
+    def set_reasoning_available(self, available: bool) -> None:
+        for i in range(self.mode.count()):
+            if self.mode.itemData(i) != "base":
+                item = self.mode.model().item(i)
+                item.setEnabled(available)
+        if not available:
+            self.mode.setCurrentIndex(self.mode.findData("base"))
+
+    def options(self) -> dict:
+        return {"mode": self.mode.currentData(), "budget": self.budget.currentData(), "parallel": self.parallel.value()}
+
+    def apply(self, mode: str, budget: int | None, parallel: int) -> None:
+        self.mode.setCurrentIndex(max(0, self.mode.findData(mode)))
+        self.budget.setCurrentIndex(max(0, self.budget.findData(budget)))
+        self.parallel.setValue(parallel)
