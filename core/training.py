@@ -128,12 +128,23 @@ def parse_args(argv=None) -> SftArgs:
 
 
 def main(argv=None) -> int:
+    import signal
+    import threading
+
     args = parse_args(argv)
+    stop = threading.Event()
+
+    def on_signal(signum, frame):  # Ctrl+C / SIGTERM: finish the step, save what was learned, exit
+        print("stopping after this step; the adapter trained so far will be saved", flush=True)
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
 
     def report(pr: TrainProgress) -> None:
         print(f"step {pr.step}/{pr.total_steps} loss {pr.loss:.4f} lr {pr.lr:.2e} {pr.elapsed_s:.0f}s", flush=True)
 
-    out = train_sft(args, report)
+    out = train_sft(args, report, should_stop=stop.is_set)
     print(f"saved adapter to {out}")
     return 0
 

@@ -26,15 +26,31 @@ def _qtype(bits: int):
     return {4: qint4, 8: qint8}[bits]
 
 
+def packs_int4(module: nn.Module) -> bool:
+    """torch's packed int4 CPU kernel needs group-128 rows: in_features a multiple of 128 (every Qwen2.5 linear).
+
+    Other shapes would fall to quanto's generic int4 path, which JIT-compiles a C++ extension at first use;
+    they are quantized to int8 instead."""
+    return module.in_features > 128 and module.in_features % 128 == 0
+
+
 def quantize_model(model: nn.Module, bits: int, head_bits: int | None = None) -> nn.Module:
     """Quantize every linear layer in place to `bits` (4 or 8), the LM head to `head_bits` (None = keep bf16)."""
     from optimum.quanto import freeze, quantize
 
     model.to(torch.bfloat16)
     _rebuild_nonpersistent_buffers(model)  # keep rotary frequencies in fp32, as a restored model has them
-    quantize(model, weights=_qtype(bits), exclude=["lm_head"])
-    if head_bits is not None:
-        quantize(model, weights=_qtype(head_bits), include=["lm_head"])
+    plan: dict[int, list[str]] = {4: [], 8: []}
+    for name, module in model.named_modules():
+        if not isinstance(module, nn.Linear):
+            continue
+        want = head_bits if name == "lm_head" else bits
+        if want is None:
+            continue
+        plan[4 if want == 4 and packs_int4(module) else 8].append(name)
+    for b, names in plan.items():
+        if names:
+            quantize(model, weights=_qtype(b), include=names)
     freeze(model)
     install_fast_kernels(model)
     return model
@@ -104,6 +120,9 @@ def load_quantized(folder: Path) -> nn.Module:
         if name in qmap:
             _quantize_submodule(model, name, module, weights=qmap[name]["weights"])
     state = load_file(str(folder / WEIGHTS_FILE))
+    for key in list(state):  # fresh, aligned buffers: the packed CPU kernels can fault on unaligned data
+        if key.endswith(("._data", "._scale", PACKED_DATA, PACKED_SCALES)):
+            state[key] = state.pop(key).clone()
     packed = {k[: -len(PACKED_DATA)] for k in state if k.endswith(PACKED_DATA)}
     plain = {k: v for k, v in state.items() if not k.endswith((PACKED_DATA, PACKED_SCALES))}
     model.load_state_dict(plain, strict=False, assign=True)
