@@ -23,6 +23,7 @@ def main(argv: list[str]) -> int:
         p.add_argument("--reason-data", action="append", required=True, help="GSM8K/MATH JSONL (label: reason)")
         p.add_argument("--chat-data", action="append", required=True, help="Alpaca JSONL (label: base)")
         p.add_argument("--per-file", type=int, default=200, help="prompts taken from each file")
+        p.add_argument("--features-cache", type=Path, default=None, help="safetensors file to reuse pooled features")
     else:
         p.add_argument("--data", action="append", required=True, help="GSM8K/MATH JSONL with reference answers")
         p.add_argument("--questions", type=int, default=60)
@@ -34,7 +35,8 @@ def main(argv: list[str]) -> int:
         engine = load_engine(EngineConfig(model_id=args.model), reasoning=False)
         reason = [i for f in args.reason_data for i in load_items(f, args.per_file, shuffle_seed=args.seed)]
         chat = [i for f in args.chat_data for i in load_items(f, args.per_file * len(args.reason_data))]
-        metrics = train_switcher(engine, reason, chat, args.out, seed=args.seed, report=say)
+        metrics = train_switcher(engine, reason, chat, args.out, seed=args.seed, report=say,
+                                 features_cache=args.features_cache)
     else:
         engine = load_engine(EngineConfig(model_id=args.model), reasoning=True)
         if not engine.can_reason:

@@ -39,13 +39,13 @@ def switcher_features(engine, prompts: list[str], budget: int = 256, chunk: int 
 def fit_head(head, x: torch.Tensor, y: torch.Tensor, *, epochs: int, lr: float, noise: float = 0.0,
              weight_decay: float = 1e-4, seed: int = 0):
     torch.manual_seed(seed)
+    head.norm.fit(x)
     pos = y.mean().clamp(0.05, 0.95)
     loss_fn = torch.nn.BCEWithLogitsLoss(pos_weight=(1 - pos) / pos)
     optim = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=weight_decay)
     head.train()
     for _ in range(epochs):
-        inp = x + noise * torch.randn_like(x) if noise else x
-        loss = loss_fn(head(inp), y)
+        loss = loss_fn(head(x, noise=noise), y)
         optim.zero_grad()
         loss.backward()
         optim.step()
@@ -75,12 +75,21 @@ def split(n: int, val_share: float, seed: int):
 
 
 def train_switcher(engine, reason_items: list[Item], chat_items: list[Item], out: Path, *, seed: int = 0,
-                   noise: float = 0.5, val_share: float = 0.2, report=print) -> dict:
+                   noise: float = 0.5, val_share: float = 0.2, report=print, features_cache: Path | None = None) -> dict:
+    from safetensors.torch import load_file, save_file
+
     prompts = [i.prompt for i in reason_items] + [i.prompt for i in chat_items]
     labels = torch.tensor([1.0] * len(reason_items) + [0.0] * len(chat_items))
-    t = time.perf_counter()
-    x = switcher_features(engine, prompts).float()
-    report(f"features: {len(prompts)} prompts in {time.perf_counter() - t:.0f}s")
+    if features_cache is not None and Path(features_cache).is_file():
+        x = load_file(str(features_cache))["x"]
+        if x.shape[0] != len(prompts):
+            raise ValueError(f"{features_cache} holds {x.shape[0]} feature rows, expected {len(prompts)}")
+    else:
+        t = time.perf_counter()
+        x = switcher_features(engine, prompts).float()
+        report(f"features: {len(prompts)} prompts in {time.perf_counter() - t:.0f}s")
+        if features_cache is not None:
+            save_file({"x": x.contiguous()}, str(features_cache))
     tr, va = split(len(prompts), val_share, seed)
     head = fit_head(SwitcherHead(x.shape[1]), x[tr], labels[tr], epochs=400, lr=1e-2, noise=noise, seed=seed)
     metrics = {"train_accuracy": accuracy(head, x[tr], labels[tr]), "val_accuracy": accuracy(head, x[va], labels[va]),

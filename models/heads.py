@@ -11,15 +11,36 @@ import torch
 from torch import nn
 
 
+class Standardize(nn.Module):
+    """Per-feature (x - mean) / std with statistics fixed from the training features (last-layer states of
+    Qwen have a few huge dimensions that otherwise swamp a tiny head)."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(hidden_size))
+        self.register_buffer("std", torch.ones(hidden_size))
+
+    def fit(self, x: torch.Tensor) -> None:
+        self.mean.copy_(x.mean(0))
+        self.std.copy_(x.std(0).clamp(min=1e-4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x - self.mean) / self.std
+
+
 class SwitcherHead(nn.Module):
     """MLP hidden→8→1 on the chunk-EMA of the prefill's last-layer states (paper: width 8, dropout 0.2)."""
 
     def __init__(self, hidden_size: int, width: int = 8, dropout: float = 0.2):
         super().__init__()
+        self.norm = Standardize(hidden_size)
         self.net = nn.Sequential(nn.Linear(hidden_size, width), nn.ReLU(), nn.Dropout(dropout), nn.Linear(width, 1))
 
-    def forward(self, pooled: torch.Tensor) -> torch.Tensor:  # (B, H) -> (B,) logits
-        return self.net(pooled).squeeze(-1)
+    def forward(self, pooled: torch.Tensor, noise: float = 0.0) -> torch.Tensor:  # (B, H) -> (B,) logits
+        z = self.norm(pooled)
+        if noise and self.training:  # paper: Gaussian input noise for robustness (on standardized features)
+            z = z + noise * torch.randn_like(z)
+        return self.net(z).squeeze(-1)
 
 
 class VerifierHead(nn.Module):
@@ -27,10 +48,11 @@ class VerifierHead(nn.Module):
 
     def __init__(self, hidden_size: int):
         super().__init__()
+        self.norm = Standardize(hidden_size)
         self.linear = nn.Linear(hidden_size, 1)
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:  # (B, H) -> (B,) logits
-        return self.linear(h).squeeze(-1)
+    def forward(self, h: torch.Tensor, noise: float = 0.0) -> torch.Tensor:  # (B, H) -> (B,) logits
+        return self.linear(self.norm(h)).squeeze(-1)
 
 
 def chunk_ema(hidden: torch.Tensor, chunk: int = 128, alpha: float = 0.5) -> torch.Tensor:
