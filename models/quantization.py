@@ -184,7 +184,8 @@ def _int4_forward(self, x: torch.Tensor) -> torch.Tensor:
     if torch.is_grad_enabled() or x.dtype != torch.bfloat16:
         return self._quanto_forward(x)
     w = self.weight
-    out = torch._weight_int4pack_mm_for_cpu(x.reshape(-1, x.shape[-1]), w._data._data, w._group_size, w._scale_shift)
+    x2d = x.reshape(-1, x.shape[-1]).contiguous()  # the packed kernels take contiguous rows only
+    out = torch._weight_int4pack_mm_for_cpu(x2d, w._data._data, w._group_size, w._scale_shift)
     out = out.view(*x.shape[:-1], out.shape[-1])
     return out if self.bias is None else out.add_(self.bias)
 
@@ -192,7 +193,7 @@ def _int4_forward(self, x: torch.Tensor) -> torch.Tensor:
 def _int8_forward(self, x: torch.Tensor) -> torch.Tensor:
     if torch.is_grad_enabled() or x.dtype != self._int8_scale.dtype:
         return self._quanto_forward(x)
-    out = torch._weight_int8pack_mm(x.reshape(-1, x.shape[-1]), self.weight._data, self._int8_scale)
+    out = torch._weight_int8pack_mm(x.reshape(-1, x.shape[-1]).contiguous(), self.weight._data, self._int8_scale)
     out = out.view(*x.shape[:-1], out.shape[-1])
     return out if self.bias is None else out.add_(self.bias)
 

@@ -61,3 +61,22 @@ def test_user_text_cannot_forge_turns(engine):
     ids = engine.prompt_ids(evil)
     im_start = engine.tokenizer.convert_tokens_to_ids("<|im_start|>")
     assert ids.count(im_start) == 3
+
+
+def test_shipped_reasoning_components_load_and_answer(engine):
+    """The shipped adapter, switcher and verifier attach to the embedded model and work end to end."""
+    from core.parallel import stream_parallel
+
+    assert engine.can_reason and engine.router is not None
+    answer = engine.generate("What is 17*23?", SamplingConfig(temperature=0), mode="reason", budget=96,
+                             answer_max_tokens=32)
+    assert answer.route.reason and answer.adapter and 0 < answer.thinking_tokens <= 96
+    routed = engine.generate("Write a haiku about the sea.", SamplingConfig(temperature=0, max_tokens=4), mode="auto",
+                             budget=64, answer_max_tokens=8)
+    assert routed.route.source == "switcher" and routed.route.reason is False
+    events = list(stream_parallel(engine, "What is 6*7?", SamplingConfig(temperature=0.7, seed=0), n=2, mode="reason",
+                                  budget=48, answer_max_tokens=16))
+    result = events[-1].answer
+    assert len(result.candidates) == 2 and result.chosen in (0, 1)
+    if engine.verifier is not None:
+        assert all(0 <= c.score <= 1 for c in result.candidates)

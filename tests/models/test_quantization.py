@@ -34,6 +34,9 @@ def test_fast_kernel_equals_quanto_forward():
         fast = layer(x)
         slow = layer._quanto_forward(x)
     assert torch.allclose(fast.float(), slow.float(), atol=1e-2, rtol=1e-2)
+    strided = torch.randn(256, 3, dtype=torch.bfloat16).t()  # non-contiguous rows, as logits_to_keep slices give
+    with torch.inference_mode():
+        assert torch.allclose(layer(strided).float(), layer(strided.contiguous()).float())
     assert install_fast_kernels(q) == 0  # already installed: idempotent
 
 
