@@ -146,6 +146,17 @@ def load_quantized(folder: Path) -> nn.Module:
     return model
 
 
+def dense_weight(module: nn.Module) -> torch.Tensor:
+    """The bf16 (out, in) weight a quantized linear computes with. int4: the packed kernel applied to the
+    identity, which is exactly its own dequantization (quanto's unpack would JIT-compile a C++ extension)."""
+    _, TinyGemm = _qclasses()
+    w = module.weight
+    if isinstance(w, TinyGemm):
+        eye = torch.eye(module.in_features, dtype=torch.bfloat16)
+        return torch._weight_int4pack_mm_for_cpu(eye, w._data._data, w._group_size, w._scale_shift).t().contiguous()
+    return w.dequantize().to(torch.bfloat16)
+
+
 def dequantized_copy(model: nn.Module) -> nn.Module:
     """Replace every QLinear by a dense bf16 Linear holding exactly its dequantized (W4/W8 grid) weights.
 
@@ -158,7 +169,7 @@ def dequantized_copy(model: nn.Module) -> nn.Module:
             dense = nn.Linear(module.in_features, module.out_features, bias=module.bias is not None,
                               dtype=torch.bfloat16, device="cpu")
             with torch.no_grad():
-                dense.weight.copy_(module.weight.dequantize().to(torch.bfloat16))
+                dense.weight.copy_(dense_weight(module))
                 if module.bias is not None:
                     dense.bias.copy_(module.bias)
             dense.requires_grad_(False)

@@ -62,3 +62,14 @@ def test_damaged_quantized_cache_is_rebuilt(tiny_store):
     model = load_model(m, cfg)
     assert logits_of(model, torch.randint(5, 300, (1, 4))).isfinite().all()
     assert load_quantized(qdir) is not None
+
+
+def test_dense_copy_computes_what_the_quantized_model_computes():
+    from models.quantization import dequantized_copy
+
+    q = quantize_model(make_model(448), 4, head_bits=4)
+    ids = torch.randint(5, 300, (1, 12))
+    before = logits_of(q, ids)
+    dense = dequantized_copy(q)
+    assert not any(type(m).__name__ == "QLinear" for m in dense.modules())
+    assert torch.allclose(logits_of(dense, ids), before, atol=0.05, rtol=0.02)
