@@ -68,7 +68,8 @@ def run_ponder(name: str, model_id: str, tokens: int, runs: int) -> dict:
     from core.loading import load_engine
 
     precision, kv, head_bits = PONDER_SYSTEMS[name]
-    engine = load_engine(EngineConfig(model_id=model_id, precision=precision, kv=kv, head_bits=head_bits))
+    engine = load_engine(EngineConfig(model_id=model_id, precision=precision, kv=kv, head_bits=head_bits),
+                         reasoning=False)  # the plain base model: what llama.cpp and HF run too
     cfg = SamplingConfig(temperature=0, repetition_penalty=1.0, max_tokens=tokens, ignore_eos=True)
     engine.generate(PROMPT, SamplingConfig(temperature=0, max_tokens=8, ignore_eos=True))  # warm-up
     ttfts, rates, answer = [], [], None

@@ -23,6 +23,8 @@ from .voting import is_correct, vote
 
 def run_one(engine, item, args, sampling):
     kw = {"mode": args.mode, "budget": args.budget or None, "answer_max_tokens": args.answer_max_tokens}
+    if args.system:
+        kw["system"] = args.system
     events = (stream_parallel(engine, item.prompt, sampling, n=args.parallel, **kw) if args.parallel > 1
               else engine.stream(item.prompt, sampling, **kw))
     for event in events:
@@ -61,7 +63,8 @@ def evaluate(engine, items, args) -> dict:
            "mean_answer_tokens": mean("answer_tokens"), "budget_forced_share": mean("budget_forced"),
            "mean_latency_s": mean("latency_s"), "mean_ttft_s": mean("ttft_s"), "reasoned_share": mean("reasoned"),
            "mode": args.mode, "budget": args.budget, "parallel": args.parallel, "vote": args.vote,
-           "temperature": args.temperature, "data": str(args.data), "model": engine.model_id}
+           "temperature": args.temperature, "data": str(args.data), "model": engine.model_id,
+           "system": args.system}
     if args.parallel > 1 and rows:
         for method in ("weighted", "majority", "best"):
             out[f"accuracy_{method}"] = mean(f"correct_{method}")
@@ -106,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=None, help="default: 0 for one stream, 0.7 for parallel")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model", default=EngineConfig().model_id)
+    p.add_argument("--system", default=None, help="system prompt (default: Ponder's); e.g. ask base mode for \\boxed{}")
     p.add_argument("--route-only", action="store_true", help="prefill + switcher only")
     p.add_argument("--expect", choices=("reason", "base"), help="with --route-only: the right decision for the file")
     p.add_argument("--json", action="store_true")

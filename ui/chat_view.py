@@ -80,7 +80,7 @@ class ChatView(QTextBrowser):
         meter = f"{tokens}/{budget} tokens" if budget else f"{tokens} tokens"
         cut = " · **cut at budget**" if forced else ""
         secs = f" · {seconds:.1f}s" if seconds is not None else ""
-        return f"💭 *Thinking — {meter}{cut}{secs}*"
+        return f"*Thinking — {meter}{cut}{secs}*"
 
     def _assistant(self, m, is_last: bool) -> str:
         meta = m.meta
