@@ -21,6 +21,20 @@ def tiny_hf_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
+def loop(qapp):
+    """An asyncio loop driven by Qt (qasync), as the app runs; pytest-qt has no qasync support of its own."""
+    import asyncio
+
+    import qasync
+
+    loop = qasync.QEventLoop(qapp)
+    asyncio.set_event_loop(loop)
+    yield loop
+    loop.close()
+    asyncio.set_event_loop(None)
+
+
+@pytest.fixture
 def ponder_home(tmp_path, monkeypatch) -> Path:
     home = tmp_path / "home"
     monkeypatch.setenv("PONDER_HOME", str(home))

@@ -1,21 +1,10 @@
 """EngineService on the real tiny engine: signals, cancel, errors; the Qt loop keeps running meanwhile."""
 import asyncio
 
-import pytest
-import qasync
 from PySide6.QtWidgets import QApplication
 
 from app.engine_service import EngineService
 from core.config import SamplingConfig
-
-
-@pytest.fixture
-def loop(qapp):
-    loop = qasync.QEventLoop(qapp)
-    asyncio.set_event_loop(loop)
-    yield loop
-    loop.close()
-    asyncio.set_event_loop(None)
 
 
 def test_ask_streams_tokens_and_finishes(loop, tiny_engine):

@@ -2,7 +2,6 @@
 import asyncio
 
 import pytest
-import qasync
 
 from app.chat_controller import ChatController
 from app.engine_service import EngineService
@@ -11,15 +10,6 @@ from core.engine import Engine
 from core.store import ChatStore
 from tests.tiny import make_model, make_tokenizer
 from ui.main_window import MainWindow
-
-
-@pytest.fixture
-def loop(qapp):
-    loop = qasync.QEventLoop(qapp)
-    asyncio.set_event_loop(loop)
-    yield loop
-    loop.close()
-    asyncio.set_event_loop(None)
 
 
 @pytest.fixture(scope="module")
