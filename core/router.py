@@ -21,10 +21,7 @@ class Router:
 
     @classmethod
     def load(cls, folder: Path) -> Router:
-        head, config = load_head(folder)
-        if config.get("kind") != "switcher":
-            raise ValueError(f"{folder} does not hold a switcher head")
-        return cls(head, config)
+        return cls(*load_head(folder, "switcher"))
 
     @torch.inference_mode()
     def probability(self, hidden: torch.Tensor) -> float:

@@ -16,10 +16,7 @@ class Verifier:
 
     @classmethod
     def load(cls, folder: Path) -> Verifier:
-        head, config = load_head(folder)
-        if config.get("kind") != "verifier":
-            raise ValueError(f"{folder} does not hold a verifier head")
-        return cls(head, config)
+        return cls(*load_head(folder, "verifier"))
 
     @torch.inference_mode()
     def scores(self, hidden: torch.Tensor) -> list[float]:

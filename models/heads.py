@@ -73,12 +73,14 @@ def save_head(head: nn.Module, folder: Path, config: dict) -> None:
     (folder / "head.json").write_text(json.dumps(config, indent=2))
 
 
-def load_head(folder: Path) -> tuple[nn.Module, dict]:
+def load_head(folder: Path, kind: str) -> tuple[nn.Module, dict]:
+    """Load a saved head of the given kind ('switcher' or 'verifier'); a head of another kind is refused."""
     from safetensors.torch import load_file
 
     folder = Path(folder)
     config = json.loads((folder / "head.json").read_text())
-    kind = config["kind"]
+    if config.get("kind") != kind:
+        raise ValueError(f"{folder} does not hold a {kind} head")
     head = SwitcherHead(config["hidden_size"], config.get("width", 8)) if kind == "switcher" else VerifierHead(
         config["hidden_size"])
     head.load_state_dict(load_file(str(folder / "head.safetensors")))

@@ -1,4 +1,5 @@
 """N streams from one prefill on the tiny model: one batch, budget per row, verifier scores, vote."""
+import pytest
 import torch
 
 from core import adapters
@@ -52,9 +53,11 @@ def test_streams_match_their_events_and_seed_repeats():
 def test_heads_save_and_load(tmp_path):
     head = VerifierHead(16)
     save_head(head, tmp_path / "v", {"kind": "verifier", "hidden_size": 16})
-    loaded, cfg = load_head(tmp_path / "v")
+    loaded, cfg = load_head(tmp_path / "v", "verifier")
     x = torch.randn(2, 16)
     assert torch.equal(head(x), loaded(x)) and cfg["kind"] == "verifier"
+    with pytest.raises(ValueError, match="switcher"):
+        load_head(tmp_path / "v", "switcher")
 
 
 def test_chunk_ema_matches_formula():
