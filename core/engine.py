@@ -19,7 +19,7 @@ from . import adapters
 from .cache import cache_bytes, crop, new_cache
 from .chat_format import DEFAULT_SYSTEM, build_prompt_ids, stop_token_ids
 from .config import SamplingConfig
-from .decode import DecodeState, feed, prefill, run_segment, stop_token_index
+from .decode import DecodeState, feed, run_segment, stop_token_index
 from .events import Answer, DoneEvent, GenerationStats, RouteDecision, TokenEvent
 from .prompts import reasoning_prompts, reasoning_system
 from .sampling import make_generator
@@ -92,6 +92,26 @@ class Engine:
         prob = self.router.probability(hidden)
         return RouteDecision(prob >= self.router.threshold, prob, "switcher", time.perf_counter() - t)
 
+    def open_prompt(self, ids: list[int], mode: str, cache) -> tuple[torch.Tensor, RouteDecision]:
+        """The one base-model prefill every mode shares; returns the next-token logits and the route.
+
+        When reasoning may follow, `<think>\n` is part of that prefill (base-encoded, like the rest of the
+        prompt), so switching the adapter on afterwards re-encodes nothing: the first thinking token comes
+        straight from the prefill's logits. If `auto` routes to the base model, the cache is cropped back to
+        the prompt and the logits before `<think>` are used.
+        """
+        opener = self._think_open if mode != "base" else []
+        with self._base(), torch.inference_mode():
+            out = self.model(input_ids=torch.tensor([ids + opener]), cache=cache, use_cache=True,
+                             logits_to_keep=len(opener) + 1, output_hidden_states=mode == "auto")
+        hidden = out.hidden_states[-1][:, : len(ids)] if mode == "auto" else None
+        decision = self.route(mode, hidden)
+        if decision.reason:
+            return out.logits[:, -1], decision
+        if opener:
+            crop(cache, len(ids))
+        return out.logits[:, 0], decision
+
     def stream(self, messages: Sequence[dict] | str, sampling: SamplingConfig | None = None, *, mode: str = "base",
                budget: int | None = 256, answer_max_tokens: int = 256, cancel: threading.Event | None = None,
                system: str | None = DEFAULT_SYSTEM) -> Iterator[TokenEvent | DoneEvent]:
@@ -112,14 +132,10 @@ class Engine:
             raise PromptTooLong(f"The conversation is {len(ids)} tokens; this model's window is {self.context}.")
         cache = new_cache(self.model.config, self.kv)
         self.last_cache = cache
-        with self._base():
-            logits, hidden = prefill(self.model, torch.tensor([ids]), cache, want_hidden=mode == "auto")
-        decision = self.route(mode, hidden)
+        logits, decision = self.open_prompt(ids, mode, cache)
         state = DecodeState(self.model, cache, cfg, make_generator(cfg.seed), torch.tensor([ids]), self.eos_ids,
                             cancel, logits)
         if decision.reason:
-            with torch.inference_mode():
-                state.logits = feed(self.model, self._think_open, cache)
             yield from self._reason(state, len(ids), decision, budget, answer_max_tokens, start, thinking_so_far="",
                                     thinking_ids=[])
             return

@@ -17,7 +17,6 @@ import torch
 from .cache import cache_bytes, fork, new_cache
 from .chat_format import DEFAULT_SYSTEM
 from .config import SamplingConfig
-from .decode import feed, prefill
 from .events import Answer, Candidate, DoneEvent, GenerationStats, TokenEvent
 from .prompts import reasoning_prompts, reasoning_system
 from .sampling import make_generator, sample_next
@@ -65,9 +64,7 @@ def stream_parallel(engine, messages: Sequence[dict] | str, sampling: SamplingCo
 
         raise PromptTooLong(f"The conversation is {len(ids)} tokens; this model's window is {engine.context}.")
     cache = new_cache(model.config, engine.kv)
-    with engine._base():
-        logits, hidden = prefill(model, torch.tensor([ids]), cache, want_hidden=mode == "auto")
-    decision = engine.route(mode, hidden)
+    logits, decision = engine.open_prompt(ids, mode, cache)
     reasoning = decision.reason
     context = (lambda: torch.inference_mode()) if reasoning else engine._base
     cache = fork(cache, n)
@@ -76,9 +73,6 @@ def stream_parallel(engine, messages: Sequence[dict] | str, sampling: SamplingCo
     p = reasoning_prompts()
     enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
     verify_ids = enc(p["verify_prompt"]) if engine.verifier is not None else []
-    if reasoning:
-        with torch.inference_mode():
-            logits = feed(model, engine._think_open, cache, batch=n)
     think_limit = min(budget or room, room - answer_max_tokens) if reasoning else 0
     answer_limit = answer_max_tokens if reasoning else min(cfg.max_tokens, room)
     rows = [Row(i, "thinking" if reasoning else "answer", TextStream(tok, (p["think_close_marker"],)),

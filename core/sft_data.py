@@ -79,14 +79,16 @@ def budget_for(n_thinking_tokens: int) -> int:
 
 
 def encode_example(tokenizer, ex: SftExample) -> tuple[list[int], list[int]]:
-    """(prompt ids encoded by the base model, response ids run with the adapter, starting with '<think>\\n')."""
+    """(prompt ids encoded by the base model, ending in '<think>\\n' as at inference; response ids run with
+    the adapter: the trace, '</think>' and the answer)."""
     from .chat_format import build_prompt_ids
 
     p = reasoning_prompts()
-    think_ids = tokenizer(ex.thinking, add_special_tokens=False)["input_ids"]
+    enc = lambda s: tokenizer(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    think_ids = enc(ex.thinking)
     system = reasoning_system(budget_for(len(think_ids)))
-    prompt = build_prompt_ids(tokenizer, ex.question, system=system)
-    response_text = p["think_open"] + ex.thinking + p["think_close"] + ex.answer
+    prompt = build_prompt_ids(tokenizer, ex.question, system=system) + enc(p["think_open"])
+    response_text = ex.thinking + p["think_close"] + ex.answer
     response = tokenizer(response_text, add_special_tokens=False)["input_ids"]
     response.append(tokenizer.convert_tokens_to_ids("<|im_end|>"))
     return prompt, response

@@ -6,6 +6,7 @@ from core import adapters
 from core.config import SamplingConfig
 from core.engine import Engine
 from core.events import DoneEvent, TokenEvent
+from core.prompts import reasoning_system
 from tests.tiny import make_model, make_tokenizer
 
 GREEDY = SamplingConfig(temperature=0, repetition_penalty=1.0, max_tokens=20)
@@ -58,6 +59,39 @@ def test_one_prefill_serves_the_whole_request(reasoning_engine):
                                                    if answer.text.startswith("Final answer: ") else 0)
     # prompt once + forced markers + every generated token except the last: nothing is re-encoded
     assert counter["tokens"] == prompt + forced + answer.stats.completion_tokens - 1
+
+
+def test_reasoning_starts_from_the_prefill_logits(reasoning_engine):
+    """`<think>\\n` is encoded in the base prefill: the first thinking token needs no adapter forward pass."""
+    counter, handle = count_forward_tokens(reasoning_engine.model)
+    calls = []
+    hook = reasoning_engine.model.get_base_model().model.register_forward_pre_hook(
+        lambda m, a, kw: calls.append(kw["input_ids"].shape[1]), with_kwargs=True)
+    try:
+        answer = reasoning_engine.generate("hello there", GREEDY, mode="reason", budget=3, answer_max_tokens=2)
+    finally:
+        handle.remove()
+        hook.remove()
+    assert calls[0] == answer.stats.prompt_tokens + len(reasoning_engine._think_open)
+    assert calls[1] == 1  # the second thinking token: already a plain decode step
+
+
+def test_auto_routed_to_base_answers_exactly_like_base_mode(reasoning_engine):
+    """Auto prefills `<think>\\n` too; when the switcher says no, the cache is cropped back and the logits
+    before `<think>` are used, so the answer is the base mode's, token for token."""
+    from core.router import Router
+    from models.heads import SwitcherHead
+
+    hidden = reasoning_engine.model.config.hidden_size
+    reasoning_engine.router = Router(SwitcherHead(hidden), {"threshold": 1.01})  # a probability never reaches it
+    try:
+        auto = reasoning_engine.generate("What is 3+4?", GREEDY, mode="auto", system="Be brief.")
+    finally:
+        reasoning_engine.router = None
+    assert auto.route.source == "switcher" and not auto.route.reason and auto.route.probability is not None
+    # auto states the budget in its system prompt; give base mode the same prompt
+    base = reasoning_engine.generate("What is 3+4?", GREEDY, mode="base", system=reasoning_system(256, "Be brief."))
+    assert auto.token_ids == base.token_ids and auto.text == base.text
 
 
 def test_base_mode_never_thinks_and_auto_without_switcher_is_base(reasoning_engine):

@@ -25,12 +25,13 @@ def test_gsm8k_rewrite_strips_calculator_and_boxes_answer():
         example_from_row({"instruction": "hi"})
 
 
-def test_encoded_response_starts_with_think_and_ends_turn():
+def test_prompt_opens_the_trace_and_response_closes_it_and_ends_turn():
+    """As at inference, `<think>\\n` belongs to the base-encoded prompt; the adapter learns the rest."""
     tok = make_tokenizer()
     prompt, response = encode_example(tok, gsm8k_example(GSM_ROW))
     text = tok.decode(response)
-    assert text.startswith("<think>\n") and text.endswith("<|im_end|>") and "</think>" in text
-    assert "Think for at most" in tok.decode(prompt)
+    assert tok.decode(prompt).endswith("<think>\n") and "Think for at most" in tok.decode(prompt)
+    assert "<think>" not in text and text.endswith("<|im_end|>") and "</think>" in text
 
 
 def test_prompt_kv_identical_with_and_without_adapter():
