@@ -23,8 +23,17 @@ class ReplyOptions:
     budget: int | None = 256
     parallel: int = 1
     temperature: float = 0.7
+    top_p: float = 0.9
+    top_k: int = 40
+    repetition_penalty: float = 1.05
     answer_max_tokens: int = 256
     max_tokens: int = 1024
+
+    @classmethod
+    def from_meta(cls, settings: dict | None) -> ReplyOptions:
+        """The options recorded with an earlier answer (keys this version does not know are ignored)."""
+        known = {k: v for k, v in (settings or {}).items() if k in cls.__dataclass_fields__}
+        return cls(**known)
 
 
 @dataclass
@@ -125,8 +134,8 @@ class ChatController(QObject):
         await self.send(text, options)
 
     async def _answer(self, options: ReplyOptions) -> None:
-        sampling = SamplingConfig(temperature=options.temperature, max_tokens=options.max_tokens,
-                                  repetition_penalty=1.05 if options.parallel == 1 else 1.0)
+        sampling = SamplingConfig(temperature=options.temperature, top_p=options.top_p, top_k=options.top_k,
+                                  repetition_penalty=options.repetition_penalty, max_tokens=options.max_tokens)
         self._writer = ReplyWriter(self.store, self.current, meta={"settings": asdict(options)})
         self.live = LiveReply(budget=options.budget if options.mode != "base" else None)
         answer = await self.service.ask(self._history(), sampling, mode=options.mode, budget=options.budget,
@@ -143,7 +152,7 @@ class ChatController(QObject):
         self._writer.thinking = last.thinking
         self.live = LiveReply(thinking=last.thinking, budget=(last.meta.get("budget") or 0) + extra_budget)
         answer = await self.service.think_longer(extra_budget)
-        self._finish(answer, ReplyOptions(**last.meta.get("settings", {})))
+        self._finish(answer, ReplyOptions.from_meta(last.meta.get("settings")))
 
     def _on_token(self, event) -> None:
         if self.live is None or self._writer is None:

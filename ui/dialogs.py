@@ -28,3 +28,31 @@ class EditDialog:
 
 def show_info(parent, title: str, text: str) -> None:
     QMessageBox.information(parent, title, text)
+
+
+class ConfirmDialog:
+    @classmethod
+    def ask(cls, parent, title: str, text: str) -> bool:
+        answer = QMessageBox.question(parent, title, text)
+        return answer == QMessageBox.StandardButton.Yes
+
+
+class GgufFileDialog:
+    @classmethod
+    def ask(cls, parent) -> str | None:
+        path, _ = QFileDialog.getOpenFileName(parent, "Import a GGUF model", "", "GGUF models (*.gguf)")
+        return path or None
+
+
+class HfFolderDialog:
+    @classmethod
+    def ask(cls, parent) -> str | None:
+        return QFileDialog.getExistingDirectory(parent, "Import a Hugging Face model folder") or None
+
+
+class RepoDialog:
+    @classmethod
+    def ask(cls, parent) -> str | None:
+        text, ok = QInputDialog.getText(parent, "Download from the Hugging Face hub",
+                                        "Repository (owner/name, Qwen2.5 safetensors):", text="Qwen/Qwen2.5-0.5B-Instruct")
+        return text.strip() if ok and text.strip() else None

@@ -5,24 +5,37 @@ from __future__ import annotations
 import asyncio
 import base64
 import re
+from dataclasses import replace
 
 from PySide6.QtCore import QByteArray
-from PySide6.QtGui import QGuiApplication, QKeySequence, QShortcut
+from PySide6.QtGui import QAction, QGuiApplication, QKeySequence
 from PySide6.QtWidgets import QLabel, QMainWindow, QProgressBar, QPushButton, QSplitter, QVBoxLayout, QWidget
+
+from app.settings import AppSettings, load_settings, save_settings
 
 from .chat_view import ChatView, details_text
 from .composer import Composer
 from .dialogs import EditDialog, ExportDialog, RenameDialog, show_info
+from .main_stages import STAGES
+from .settings_dialog import SettingsDialog
 from .sidebar import Sidebar
+from .theme import apply_theme
 
-STAGES = {"assemble": "Assembling the embedded model", "convert": "Converting the model (once)",
-          "quantize": "Quantizing to 4 bits (once)", "download": "Downloading", "copy": "Copying", "verify": "Verifying"}
+SHORTCUTS = """Ctrl+Enter  send
+Esc  stop the answer
+Ctrl+N  new chat
+Ctrl+F  search all chats
+Ctrl+,  settings
+Ctrl+M  models
+Ctrl+Q  quit"""
 
 
 class MainWindow(QMainWindow):
-    def __init__(self, service, controller, parent=None):
+    def __init__(self, service, controller, model_service=None, parent=None):
         super().__init__(parent)
-        self.service, self.controller = service, controller
+        self.service, self.controller, self.model_service = service, controller, model_service
+        self.settings = load_settings(controller.store)
+        self.model_manager = None
         self._tasks: set[asyncio.Task] = set()
         self.setWindowTitle("Ponder")
         self.resize(1100, 760)
@@ -44,6 +57,7 @@ class MainWindow(QMainWindow):
         self.undo_button = QPushButton("Undo delete", visible=False)
         self.statusBar().addWidget(self.status, 1)
         self.statusBar().addPermanentWidget(self.undo_button)
+        self._menus()
         self._wire()
         self._restore_settings()
         self.refresh_conversations()
@@ -60,7 +74,7 @@ class MainWindow(QMainWindow):
         c.messagesChanged.connect(self.render)
         c.liveUpdated.connect(lambda live: self.render())
         c.notice.connect(lambda text: show_info(self, "Ponder", text))
-        self.sidebar.newRequested.connect(c.new_chat)
+        self.sidebar.newRequested.connect(self.new_chat)
         self.sidebar.selected.connect(c.open)
         self.sidebar.searchChanged.connect(self.on_search)
         self.sidebar.renameRequested.connect(self.rename)
@@ -70,9 +84,86 @@ class MainWindow(QMainWindow):
         self.composer.stopRequested.connect(s.cancel)
         self.view.action.connect(self.on_action)
         self.undo_button.clicked.connect(self.undo_delete)
-        QShortcut(QKeySequence("Ctrl+N"), self, activated=c.new_chat)
-        QShortcut(QKeySequence("Ctrl+F"), self, activated=self.sidebar.search.setFocus)
         self.on_busy(False)
+
+    def _menus(self) -> None:
+        def add(menu, text, slot, shortcut=None):
+            action = QAction(text, self)
+            if shortcut:
+                action.setShortcut(QKeySequence(shortcut))
+            action.triggered.connect(slot)
+            menu.addAction(action)
+            return action
+
+        bar = self.menuBar()
+        chat = bar.addMenu("&Chat")
+        add(chat, "New chat", self.new_chat, "Ctrl+N")
+        add(chat, "Search all chats", self.sidebar.search.setFocus, "Ctrl+F")
+        add(chat, "Export as Markdown…", lambda: self.controller.current and self.export(self.controller.current, "md"))
+        add(chat, "Export as JSON…", lambda: self.controller.current and self.export(self.controller.current, "json"))
+        chat.addSeparator()
+        add(chat, "Quit", self.close, "Ctrl+Q")
+        tools = bar.addMenu("&Tools")
+        self.models_action = add(tools, "Models…", self.open_models, "Ctrl+M")
+        add(tools, "Settings…", self.open_settings, "Ctrl+,")
+        help_menu = bar.addMenu("&Help")
+        add(help_menu, "Keyboard shortcuts", lambda: show_info(self, "Keyboard shortcuts", SHORTCUTS))
+        add(help_menu, "About Ponder", lambda: show_info(
+            self, "About Ponder", "Ponder: an offline reasoning assistant. Everything runs on this computer; "
+            "nothing is sent anywhere."))
+
+    def new_chat(self) -> None:
+        self.controller.new_chat()
+        self.apply_composer_defaults()
+
+    def apply_composer_defaults(self) -> None:
+        s = self.settings
+        self.composer.apply(s.mode, s.budget, s.parallel)
+        self.composer.set_reasoning_available(self.service.ready and self.service.can_reason)
+
+    # --- settings and models --------------------------------------------------------------------------
+    def open_settings(self) -> None:
+        from core import paths
+
+        chosen = SettingsDialog.ask(self, self.settings, paths.data_dir())
+        if chosen is not None:
+            self.apply_settings(chosen)
+
+    def apply_settings(self, new: AppSettings) -> None:
+        old, self.settings = self.settings, new
+        save_settings(self.controller.store, new)
+        apply_theme(new.theme)
+        self.apply_composer_defaults()
+        if new.threads != old.threads:
+            self.spawn(self.service.set_threads(new.threads or None))
+        self.status.setText("Settings saved.")
+
+    def open_models(self) -> None:
+        from .model_manager import ModelManager
+
+        if self.model_service is None:
+            from app.model_service import ModelService
+
+            self.model_service = ModelService(active_id=self.service.model_name)
+        if self.model_manager is None:
+            self.model_manager = ModelManager(self.model_service, self)
+            self.model_manager.useRequested.connect(self.switch_model)
+        self.model_service.active_id = self.service.model_name
+        self.model_manager.refresh()
+        self.model_manager.show()
+        self.model_manager.raise_()
+
+    def switch_model(self, model_id: str) -> None:
+        async def run():
+            if await self.service.switch_model(model_id):
+                self.settings = replace(self.settings, model_id=model_id)
+                save_settings(self.controller.store, self.settings)
+            if self.model_service is not None:
+                self.model_service.active_id = self.service.model_name
+            if self.model_manager is not None:
+                self.model_manager.refresh()
+
+        self.spawn(run())
 
     def spawn(self, coro) -> asyncio.Task:
         task = asyncio.ensure_future(coro)
@@ -83,10 +174,11 @@ class MainWindow(QMainWindow):
     def options(self):
         from app.chat_controller import ReplyOptions
 
-        o = self.composer.options()
-        self.controller.store.set_setting("composer", o)
+        o, s = self.composer.options(), self.settings
         return ReplyOptions(mode=o["mode"], budget=o["budget"], parallel=o["parallel"],
-                            temperature=0.7 if o["parallel"] > 1 else 0.3)
+                            temperature=s.parallel_temperature if o["parallel"] > 1 else s.temperature, top_p=s.top_p,
+                            top_k=s.top_k, repetition_penalty=s.repetition_penalty,
+                            answer_max_tokens=s.answer_max_tokens, max_tokens=s.answer_max_tokens)
 
     # --- state ---------------------------------------------------------------------------------------
     def on_state(self, state: str) -> None:
@@ -96,10 +188,7 @@ class MainWindow(QMainWindow):
         if state != "loading":
             self.progress_bar.setVisible(False)
         if state == "ready":
-            self.composer.set_reasoning_available(self.service.can_reason)
-            saved = self.controller.store.get_setting("composer")
-            if saved and self.service.can_reason:
-                self.composer.apply(saved["mode"], saved["budget"], saved["parallel"])
+            self.apply_composer_defaults()
         self.on_busy(self.service.busy)
 
     def on_progress(self, stage: str, done: int, total: int) -> None:
@@ -112,7 +201,8 @@ class MainWindow(QMainWindow):
         self.composer.set_busy(busy, self.service.ready)
 
     def on_failed(self, message: str) -> None:
-        self.status.setText(f"Error: {message}")
+        hint = "" if self.service.ready else " — open Tools ▸ Models (Ctrl+M) to install or pick a model"
+        self.status.setText(f"Error: {message}{hint}")
 
     def on_answer(self, answer) -> None:
         if answer is None:
@@ -191,6 +281,7 @@ class MainWindow(QMainWindow):
 
     # --- window state --------------------------------------------------------------------------------
     def _restore_settings(self) -> None:
+        self.apply_composer_defaults()
         geometry = self.controller.store.get_setting("window_geometry")
         if geometry:
             self.restoreGeometry(QByteArray(base64.b64decode(geometry)))

@@ -114,11 +114,49 @@ def test_search_export_rename_delete_undo(window, loop, tmp_path, monkeypatch):
     assert window.sidebar.list.count() == 1
 
 
-def test_composer_settings_and_window_geometry_persist(window, loop, tmp_path):
-    window.composer.apply("reason", 512, 3)
-    window.options()
+def test_settings_apply_persist_and_drive_requests(window, loop, tmp_path):
+    from dataclasses import replace
+
+    from PySide6.QtWidgets import QApplication
+
+    from app.settings import load_settings
+
+    chosen = replace(window.settings, mode="reason", budget=512, parallel=3, temperature=0.0,
+                     parallel_temperature=0.9, top_k=0, answer_max_tokens=64, theme="dark")
+    window.apply_settings(chosen)
+    try:
+        assert window.composer.options() == {"mode": "reason", "budget": 512, "parallel": 3}
+        options = window.options()
+        assert options.temperature == 0.9 and options.top_k == 0 and options.answer_max_tokens == 64
+        assert QApplication.instance().palette().window().color().lightness() < 80  # dark
+        window.composer.apply("base", 128, 1)
+        window.new_chat()  # a new chat starts from the defaults again
+        assert window.composer.options()["mode"] == "reason"
+        window.composer.apply("base", 256, 1)
+        reply = send(window, loop, "Say hi", mode="base")
+        assert reply.meta["settings"]["temperature"] == 0.0 and reply.meta["tokens"] <= 64
+    finally:
+        window.apply_settings(replace(chosen, theme="light"))
+    assert QApplication.instance().palette().window().color().lightness() > 160
     window.resize(900, 650)
     window.close()
     store = ChatStore(tmp_path / "chats.db")
-    assert store.get_setting("composer") == {"mode": "reason", "budget": 512, "parallel": 3}
+    assert load_settings(store).budget == 512 and load_settings(store).theme == "light"
     assert store.get_setting("window_geometry")
+
+
+def test_settings_dialog_round_trip(qtbot, tmp_path):
+    from app.settings import AppSettings
+    from ui.settings_dialog import SettingsDialog
+
+    dialog = SettingsDialog(AppSettings(model_id="m"), tmp_path)
+    qtbot.addWidget(dialog)
+    assert dialog.settings() == AppSettings(model_id="m")
+    dialog.mode.setCurrentIndex(dialog.mode.findData("base"))
+    dialog.budget.setCurrentIndex(dialog.budget.findData(None))
+    dialog.threads.setValue(1)
+    dialog.theme.setCurrentIndex(dialog.theme.findData("dark"))
+    dialog.top_p.setValue(0.5)
+    got = dialog.settings()
+    assert (got.mode, got.budget, got.threads, got.theme, got.top_p, got.model_id) == ("base", None, 1, "dark", 0.5, "m")
+    assert str(tmp_path) in dialog.data_label.text()

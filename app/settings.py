@@ -1,0 +1,90 @@
+"""The user's preferences (defaults for new messages, sampling, threads, theme, model) and their persistence
+in the chat store's settings table. No Qt: the settings dialog edits an `AppSettings`, the window applies it.
+
+Values read back are validated field by field: a bad or unknown stored value falls back to its default
+rather than stopping the app from starting.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+
+from core.config import SamplingConfig
+from models.registry import DEFAULT_MODEL_ID
+
+MODES = ("auto", "reason", "base")
+THEMES = ("system", "light", "dark")
+BUDGET_CHOICES = (128, 256, 512, 1024, None)
+SETTINGS_KEY = "app_settings"
+
+
+@dataclass(frozen=True)
+class AppSettings:
+    mode: str = "auto"
+    """Reasoning mode a new message starts with: auto (the switcher decides), reason or base ("Fast")."""
+    budget: int | None = 256
+    """Default thinking budget in tokens (None = unlimited)."""
+    parallel: int = 1
+    """Default number of parallel answers (1-8)."""
+    temperature: float = 0.3
+    """Sampling temperature for a single answer (0 = greedy)."""
+    parallel_temperature: float = 0.7
+    """Sampling temperature when several answers are sampled and voted on (diversity matters there)."""
+    top_p: float = 0.9
+    top_k: int = 40
+    repetition_penalty: float = 1.05
+    answer_max_tokens: int = 512
+    """Cap on the answer after the thinking trace (and on direct answers)."""
+    threads: int = 0
+    """Compute threads for the model (0 = automatic: the physical cores)."""
+    theme: str = "system"
+    """'system' follows the OS light/dark setting; 'light' or 'dark' force one."""
+    model_id: str = DEFAULT_MODEL_ID
+    """The model loaded at start."""
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}")
+        if self.budget not in BUDGET_CHOICES:
+            raise ValueError(f"budget must be one of {BUDGET_CHOICES}")
+        if not 1 <= self.parallel <= 8:
+            raise ValueError("parallel answers must be between 1 and 8")
+        if self.theme not in THEMES:
+            raise ValueError(f"theme must be one of {THEMES}")
+        if not 0 <= self.threads <= 256:
+            raise ValueError("threads must be between 0 (automatic) and 256")
+        if not 16 <= self.answer_max_tokens <= 8192:
+            raise ValueError("the answer cap must be between 16 and 8192 tokens")
+        for t in (self.temperature, self.parallel_temperature):
+            if not 0 <= t <= 2:
+                raise ValueError("temperature must be between 0 and 2")
+        self.sampling(1)  # top_p / top_k / repetition penalty checked by SamplingConfig itself
+
+    def sampling(self, parallel: int) -> SamplingConfig:
+        """The sampling settings for a request with `parallel` answers."""
+        return SamplingConfig(temperature=self.parallel_temperature if parallel > 1 else self.temperature,
+                              top_p=self.top_p, top_k=self.top_k, repetition_penalty=self.repetition_penalty,
+                              max_tokens=self.answer_max_tokens)
+
+
+def from_dict(data: dict | None) -> AppSettings:
+    """Stored values that are valid, defaults for the rest."""
+    settings = AppSettings()
+    if not isinstance(data, dict):
+        return settings
+    known = {f.name for f in fields(AppSettings)}
+    for key, value in data.items():
+        if key not in known:
+            continue
+        try:
+            settings = replace(settings, **{key: value})
+        except (TypeError, ValueError):
+            continue
+    return settings
+
+
+def load_settings(store) -> AppSettings:
+    return from_dict(store.get_setting(SETTINGS_KEY))
+
+
+def save_settings(store, settings: AppSettings) -> None:
+    store.set_setting(SETTINGS_KEY, asdict(settings))

@@ -1,0 +1,34 @@
+"""Preferences: validated, stored in the chat store, and tolerant of bad stored values."""
+import pytest
+
+from app.settings import AppSettings, from_dict, load_settings, save_settings
+from core.store import ChatStore
+
+
+def test_saved_settings_come_back(tmp_path):
+    store = ChatStore(tmp_path / "chats.db")
+    s = AppSettings(mode="base", budget=None, parallel=4, threads=2, theme="dark", top_k=0)
+    save_settings(store, s)
+    assert load_settings(ChatStore(tmp_path / "chats.db")) == s
+
+
+def test_bad_stored_values_fall_back_to_defaults_one_by_one():
+    s = from_dict({"mode": "telepathy", "budget": 300, "parallel": 99, "temperature": "hot", "theme": "dark",
+                   "unknown": 1, "top_p": 0.5})
+    d = AppSettings()
+    assert (s.mode, s.budget, s.parallel, s.temperature) == (d.mode, d.budget, d.parallel, d.temperature)
+    assert s.theme == "dark" and s.top_p == 0.5
+    assert from_dict(None) == d and from_dict(["not", "a", "dict"]) == d
+
+
+def test_invalid_settings_are_refused_with_a_reason():
+    with pytest.raises(ValueError, match="parallel"):
+        AppSettings(parallel=9)
+    with pytest.raises(ValueError, match="top_p"):
+        AppSettings(top_p=0)
+
+
+def test_sampling_depends_on_parallel_answers():
+    s = AppSettings(temperature=0.1, parallel_temperature=0.8, answer_max_tokens=100)
+    assert s.sampling(1).temperature == 0.1 and s.sampling(4).temperature == 0.8
+    assert s.sampling(1).max_tokens == 100

@@ -1,0 +1,109 @@
+"""The model manager on a real model store (tiny model files), offscreen: import, remove, offline download,
+bad files, and switching the running model through the EngineService."""
+import asyncio
+
+import pytest
+
+from app.engine_service import EngineService
+from app.model_service import ModelService
+from core.config import EngineConfig
+from tests.conftest import TINY_ID
+from ui import dialogs
+from ui.model_manager import ModelManager
+
+
+def run_until(loop, predicate, timeout=120.0):
+    async def wait():
+        for _ in range(int(timeout / 0.02)):
+            if predicate():
+                return True
+            await asyncio.sleep(0.02)
+        return False
+
+    return loop.run_until_complete(wait())
+
+
+@pytest.fixture
+def manager(qtbot, loop, store):
+    service = ModelService(store, active_id="")
+    dialog = ModelManager(service)
+    qtbot.addWidget(dialog)
+    yield dialog
+    service.shutdown()
+
+
+def names(dialog):
+    return {dialog.table.item(i, 0).text(): dialog.table.item(i, 1).text() for i in range(dialog.table.rowCount())}
+
+
+def test_lists_shipped_models_with_memory_estimates(manager):
+    rows = {r.id: r for r in manager.rows}
+    embedded = rows["qwen2.5-coder-0.5b-instruct"]
+    assert embedded.installable and not embedded.installed
+    assert 0.5 * 2**30 < embedded.memory_bytes < 1.5 * 2**30
+    assert rows["qwen2.5-coder-1.5b-instruct"].memory_bytes > embedded.memory_bytes
+    manager.select("qwen2.5-coder-0.5b-instruct")
+    assert manager.install_button.isEnabled() and not manager.use_button.isEnabled()
+    assert "GB" in manager.table.item(0, 3).text()
+
+
+def test_import_folder_use_and_remove(manager, loop, tiny_hf_dir, monkeypatch):
+    monkeypatch.setattr(dialogs.HfFolderDialog, "ask", classmethod(lambda cls, p: str(tiny_hf_dir)))
+    manager.folder_button.click()
+    assert run_until(loop, lambda: not manager.service.busy and TINY_ID in {r.id for r in manager.rows})
+    assert "✓ Imported" in manager.message.text()
+    row = next(r for r in manager.rows if r.id == TINY_ID)
+    assert row.installed and row.disk_bytes > 0 and row.source.startswith("folder:")
+    manager.select(TINY_ID)
+    used = []
+    manager.useRequested.connect(used.append)
+    manager.use_button.click()
+    assert used == [TINY_ID]
+    monkeypatch.setattr(dialogs.ConfirmDialog, "ask", classmethod(lambda cls, p, t, x: True))
+    manager.select(TINY_ID)
+    manager.remove_button.click()
+    assert run_until(loop, lambda: not manager.service.busy and TINY_ID not in {r.id for r in manager.rows})
+    assert not (manager.service.store.folder(TINY_ID)).exists()
+
+
+def test_the_model_in_use_cannot_be_removed(manager, loop, tiny_hf_dir):
+    manager.service.store.import_hf(tiny_hf_dir, TINY_ID)
+    manager.service.active_id = TINY_ID
+    manager.refresh()
+    manager.select(TINY_ID)
+    assert names(manager)["tiny-qwen2"] == "In use" and not manager.remove_button.isEnabled()
+    assert loop.run_until_complete(manager.service.remove(TINY_ID)) is False
+    assert "in use" in manager.message.text() and manager.service.store.is_installed(TINY_ID)
+
+
+def test_offline_download_and_bad_files_give_clear_messages(manager, loop, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(dialogs.RepoDialog, "ask", classmethod(lambda cls, p: "Qwen/Qwen2.5-0.5B-Instruct"))
+    manager.download_button.click()
+    assert run_until(loop, lambda: "⚠" in manager.message.text())
+    assert "offline" in manager.message.text()
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 64)
+    monkeypatch.setattr(dialogs.GgufFileDialog, "ask", classmethod(lambda cls, p: str(bad)))
+    manager.message.setText("")
+    manager.gguf_button.click()
+    assert run_until(loop, lambda: "⚠" in manager.message.text() and not manager.service.busy)
+    assert "broken" not in {r.id for r in manager.rows}
+    assert loop.run_until_complete(manager.service.download("not a repo")) is False
+    assert "owner/name" in manager.message.text()
+
+
+def test_switching_the_running_model(loop, tiny_store):
+    service = EngineService(EngineConfig(model_id="qwen2.5-7b-instruct", precision="bf16", kv="bf16"), store=tiny_store)
+    states = []
+    service.stateChanged.connect(states.append)
+    assert loop.run_until_complete(service.start()) is False  # not installed: an error state, not a crash
+    assert loop.run_until_complete(service.switch_model(TINY_ID)) is True
+    assert service.ready and service.model_name == TINY_ID and states[-1] == "ready"
+    assert loop.run_until_complete(service.set_threads(1)) == 1
+    import torch
+
+    # OpenMP thread counts are per thread: what matters is the engine's worker thread
+    assert loop.run_until_complete(loop.run_in_executor(service._executor, torch.get_num_threads)) == 1
+    loop.run_until_complete(service.set_threads(None))
+    service.shutdown()

@@ -1,0 +1,132 @@
+"""Settings: defaults for new messages (mode, budget, parallel answers), sampling, threads, theme, and where
+Ponder keeps its data. Edits an `app.settings.AppSettings`; persisting and applying it is the window's job."""
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import psutil
+from PySide6.QtCore import QUrl
+from PySide6.QtGui import QDesktopServices
+from PySide6.QtWidgets import (
+    QComboBox,
+    QDialog,
+    QDialogButtonBox,
+    QDoubleSpinBox,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QPushButton,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.settings import AppSettings
+
+from .composer import BUDGETS, MODE_LABELS
+
+THEME_LABELS = {"system": "Follow the system", "light": "Light", "dark": "Dark"}
+
+
+def _combo(items: dict) -> QComboBox:
+    box = QComboBox()
+    for key, label in items.items():
+        box.addItem(label, key)
+    return box
+
+
+def _double(lo: float, hi: float, step: float, decimals: int = 2) -> QDoubleSpinBox:
+    box = QDoubleSpinBox(minimum=lo, maximum=hi, singleStep=step)
+    box.setDecimals(decimals)
+    return box
+
+
+class SettingsDialog(QDialog):
+    def __init__(self, settings: AppSettings, data_dir: Path, parent=None):
+        super().__init__(parent)
+        self.setWindowTitle("Settings")
+        self.data_dir = Path(data_dir)
+        self.mode = _combo(MODE_LABELS)
+        self.budget = _combo({value: label for label, value in BUDGETS})
+        self.parallel = QSpinBox(minimum=1, maximum=8)
+        self.temperature = _double(0, 2, 0.05)
+        self.parallel_temperature = _double(0, 2, 0.05)
+        self.top_p = _double(0.05, 1, 0.05)
+        self.top_k = QSpinBox(minimum=0, maximum=1000)
+        self.top_k.setSpecialValueText("off")
+        self.repetition_penalty = _double(0.8, 2, 0.01)
+        self.answer_max_tokens = QSpinBox(minimum=16, maximum=8192, singleStep=64)
+        self.threads = QSpinBox(minimum=0, maximum=max(1, os.cpu_count() or 1))
+        self.threads.setSpecialValueText(f"automatic ({psutil.cpu_count(logical=False) or 1} physical cores)")
+        self.theme = _combo(THEME_LABELS)
+        self._model_id = settings.model_id
+
+        defaults = QFormLayout()
+        defaults.addRow("Reasoning mode", self.mode)
+        defaults.addRow("Thinking budget", self.budget)
+        defaults.addRow("Parallel answers", self.parallel)
+        sampling = QFormLayout()
+        sampling.addRow("Temperature (one answer)", self.temperature)
+        sampling.addRow("Temperature (parallel answers)", self.parallel_temperature)
+        sampling.addRow("Top-p", self.top_p)
+        sampling.addRow("Top-k", self.top_k)
+        sampling.addRow("Repetition penalty", self.repetition_penalty)
+        sampling.addRow("Answer length cap (tokens)", self.answer_max_tokens)
+        system = QFormLayout()
+        system.addRow("Compute threads", self.threads)
+        system.addRow("Theme", self.theme)
+        folder = QHBoxLayout()
+        self.data_label = QLabel(str(self.data_dir))
+        self.data_label.setTextInteractionFlags(self.data_label.textInteractionFlags().TextSelectableByMouse)
+        open_button = QPushButton("Open")
+        open_button.clicked.connect(lambda: QDesktopServices.openUrl(QUrl.fromLocalFile(str(self.data_dir))))
+        folder.addWidget(self.data_label, 1)
+        folder.addWidget(open_button)
+        holder = QWidget()
+        holder.setLayout(folder)
+        system.addRow("Data folder", holder)
+
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel
+                                   | QDialogButtonBox.StandardButton.RestoreDefaults)
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        buttons.button(QDialogButtonBox.StandardButton.RestoreDefaults).clicked.connect(
+            lambda: self.show_settings(AppSettings(model_id=self._model_id)))
+        layout = QVBoxLayout(self)
+        for title, form in (("New messages", defaults), ("Sampling", sampling), ("System", system)):
+            group = QGroupBox(title)
+            group.setLayout(form)
+            layout.addWidget(group)
+        layout.addWidget(buttons)
+        self.show_settings(settings)
+
+    def show_settings(self, s: AppSettings) -> None:
+        self.mode.setCurrentIndex(self.mode.findData(s.mode))
+        self.budget.setCurrentIndex(self.budget.findData(s.budget))
+        self.parallel.setValue(s.parallel)
+        self.temperature.setValue(s.temperature)
+        self.parallel_temperature.setValue(s.parallel_temperature)
+        self.top_p.setValue(s.top_p)
+        self.top_k.setValue(s.top_k)
+        self.repetition_penalty.setValue(s.repetition_penalty)
+        self.answer_max_tokens.setValue(s.answer_max_tokens)
+        self.threads.setValue(min(s.threads, self.threads.maximum()))
+        self.theme.setCurrentIndex(self.theme.findData(s.theme))
+
+    def settings(self) -> AppSettings:
+        return replace(AppSettings(model_id=self._model_id), mode=self.mode.currentData(),
+                       budget=self.budget.currentData(), parallel=self.parallel.value(),
+                       temperature=round(self.temperature.value(), 2),
+                       parallel_temperature=round(self.parallel_temperature.value(), 2),
+                       top_p=round(self.top_p.value(), 2), top_k=self.top_k.value(),
+                       repetition_penalty=round(self.repetition_penalty.value(), 2),
+                       answer_max_tokens=self.answer_max_tokens.value(), threads=self.threads.value(),
+                       theme=self.theme.currentData())
+
+    @classmethod
+    def ask(cls, parent, settings: AppSettings, data_dir: Path) -> AppSettings | None:
+        dialog = cls(settings, data_dir, parent)
+        return dialog.settings() if dialog.exec() == QDialog.DialogCode.Accepted else None
