@@ -7,7 +7,7 @@ import base64
 import re
 from dataclasses import replace
 
-from PySide6.QtCore import QByteArray
+from PySide6.QtCore import QByteArray, QTimer
 from PySide6.QtGui import QAction, QGuiApplication, QKeySequence
 from PySide6.QtWidgets import QLabel, QMainWindow, QProgressBar, QPushButton, QSplitter, QVBoxLayout, QWidget
 
@@ -21,6 +21,7 @@ from .settings_dialog import SettingsDialog
 from .sidebar import Sidebar
 from .theme import apply_theme
 
+RENDER_INTERVAL_MS = 50
 SHORTCUTS = """Ctrl+Enter  send
 Esc  stop the answer
 Ctrl+N  new chat
@@ -57,6 +58,8 @@ class MainWindow(QMainWindow):
         self.undo_button = QPushButton("Undo delete", visible=False)
         self.statusBar().addWidget(self.status, 1)
         self.statusBar().addPermanentWidget(self.undo_button)
+        self._render_timer = QTimer(self, singleShot=True, interval=RENDER_INTERVAL_MS)
+        self._render_timer.timeout.connect(self.render)
         self._menus()
         self._wire()
         self._restore_settings()
@@ -72,7 +75,7 @@ class MainWindow(QMainWindow):
         s.answerFinished.connect(self.on_answer)
         c.conversationsChanged.connect(self.refresh_conversations)
         c.messagesChanged.connect(self.render)
-        c.liveUpdated.connect(lambda live: self.render())
+        c.liveUpdated.connect(self.schedule_render)
         c.notice.connect(lambda text: show_info(self, "Ponder", text))
         self.sidebar.newRequested.connect(self.new_chat)
         self.sidebar.selected.connect(c.open)
@@ -252,6 +255,11 @@ class MainWindow(QMainWindow):
             with open(path, "w", encoding="utf-8") as f:
                 f.write(text)
             self.status.setText(f"Exported to {path}")
+
+    def schedule_render(self, *_args) -> None:
+        """Coalesce streaming updates: re-render at most every RENDER_INTERVAL_MS, never once per token."""
+        if not self._render_timer.isActive():
+            self._render_timer.start()
 
     # --- transcript actions --------------------------------------------------------------------------
     def render(self) -> None:

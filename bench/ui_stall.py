@@ -1,0 +1,144 @@
+"""GUI responsiveness benchmark: the longest event-loop stall while the real window streams answers from the
+embedded model (fast, reasoning, 4 parallel answers), and how long Stop takes to end an answer.
+
+A 5 ms asyncio ticker runs on the Qt event loop (qasync, as in the app); a stall is the time between two
+ticks minus the 5 ms. The window is the app's own MainWindow on a temporary chat database, offscreen.
+`python -m bench.ui_stall [--json]`; writes bench/results/ui_stall.json and ui_stall.md. Target: < 100 ms.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+TICK_S = 0.005
+CASES = [  # (label, prompt, mode, budget, parallel)
+    ("fast answer", "Write a short poem about the sea.", "base", 256, 1),
+    ("reasoning, budget 128", "A train travels 60 km in 45 minutes. What is its speed in km/h?", "reason", 128, 1),
+    ("4 parallel answers, budget 64", "What is 15% of 240?", "reason", 64, 4),
+]
+
+
+class StallProbe:
+    """Records the gaps between ticks of a short periodic asyncio sleep on the GUI loop."""
+
+    def __init__(self):
+        self.gaps: list[float] = []
+        self._task = None
+
+    async def _run(self):
+        last = time.perf_counter()
+        while True:
+            await asyncio.sleep(TICK_S)
+            now = time.perf_counter()
+            self.gaps.append(max(0.0, now - last - TICK_S))
+            last = now
+
+    def start(self):
+        self.gaps = []
+        self._task = asyncio.ensure_future(self._run())
+
+    def stop(self) -> dict:
+        self._task.cancel()
+        gaps = sorted(self.gaps) or [0.0]
+        return {"max_stall_ms": 1000 * gaps[-1], "p99_stall_ms": 1000 * gaps[int(0.99 * (len(gaps) - 1))],
+                "median_stall_ms": 1000 * statistics.median(gaps), "ticks": len(gaps)}
+
+
+async def wait_for(predicate, timeout: float):
+    end = time.perf_counter() + timeout
+    while not predicate():
+        if time.perf_counter() > end:
+            raise TimeoutError("the answer did not finish in time")
+        await asyncio.sleep(0.01)
+
+
+async def measure(window, probe: StallProbe, max_tokens: int) -> dict:
+    from dataclasses import replace
+
+    results = {}
+    window.apply_settings(replace(window.settings, answer_max_tokens=max_tokens))
+    for label, prompt, mode, budget, parallel in CASES:
+        window.new_chat()
+        window.composer.apply(mode, budget, parallel)
+        window.composer.input.setPlainText(prompt)
+        probe.start()
+        started = time.perf_counter()
+        window.composer.send_button.click()
+        await wait_for(lambda: window.service.busy, 30)
+        await wait_for(lambda: not window.service.busy, 600)
+        stats = probe.stop()
+        reply = window.controller.messages()[-1]
+        stats.update(seconds=time.perf_counter() - started, tokens=reply.meta.get("tokens", 0))
+        results[label] = stats
+    # Stop: how long from the click until the answer has ended and the composer is usable again
+    window.new_chat()
+    window.composer.apply("base", 256, 1)
+    window.composer.input.setPlainText("Explain how a compiler works, in detail.")
+    window.composer.send_button.click()
+    await wait_for(lambda: window.controller.live is not None and len(window.controller.live.answer) > 20, 60)
+    clicked = time.perf_counter()
+    window.composer.stop_button.click()
+    await wait_for(lambda: not window.service.busy, 30)
+    results["stop"] = {"stop_latency_ms": 1000 * (time.perf_counter() - clicked),
+                       "status": window.controller.messages()[-1].status}
+    return results
+
+
+def main(argv=None) -> int:
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    p = argparse.ArgumentParser(prog="python -m bench.ui_stall")
+    p.add_argument("--max-tokens", type=int, default=96, help="answer cap per case")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+
+    import qasync
+    from PySide6.QtWidgets import QApplication
+
+    from app.chat_controller import ChatController
+    from app.engine_service import EngineService
+    from core.config import EngineConfig
+    from core.store import ChatStore
+    from ui.main_window import MainWindow
+
+    app = QApplication.instance() or QApplication([])
+    loop = qasync.QEventLoop(app)
+    asyncio.set_event_loop(loop)
+    with tempfile.TemporaryDirectory() as tmp:
+        store = ChatStore(Path(tmp) / "chats.db")
+        service = EngineService(EngineConfig())
+        window = MainWindow(service, ChatController(service, store))
+        window.show()
+        probe = StallProbe()
+        loaded = loop.run_until_complete(service.start())
+        if not loaded:
+            raise SystemExit("the embedded model could not be loaded (run `make model` first)")
+        results = loop.run_until_complete(measure(window, probe, args.max_tokens))
+        service.shutdown()
+        window.close()
+        window.deleteLater()
+        app.processEvents()
+        store.close()
+    worst = max(v["max_stall_ms"] for k, v in results.items() if "max_stall_ms" in v)
+    summary = {"cases": results, "worst_stall_ms": worst, "target_ms": 100, "met": worst < 100,
+               "stop_latency_ms": results["stop"]["stop_latency_ms"], "cpu_count": os.cpu_count()}
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "ui_stall.json").write_text(json.dumps(summary, indent=2))
+    md = ["| case | max stall ms | p99 ms | median ms | tokens | seconds |", "|---|---:|---:|---:|---:|---:|"]
+    md += [f"| {k} | {v['max_stall_ms']:.1f} | {v['p99_stall_ms']:.1f} | {v['median_stall_ms']:.2f} | {v['tokens']} | "
+           f"{v['seconds']:.1f} |" for k, v in results.items() if "max_stall_ms" in v]
+    md += ["", f"Stop → answer ended: {summary['stop_latency_ms']:.0f} ms. Worst stall {worst:.1f} ms "
+           f"(target < 100 ms: {'met' if summary['met'] else 'not met'})."]
+    (RESULTS / "ui_stall.md").write_text("\n".join(md) + "\n")
+    print(json.dumps(summary) if args.json else "\n".join(md))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
