@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from .cache import new_cache
+from .chat_format import DEFAULT_SYSTEM
 from .config import EngineConfig, SamplingConfig
 from .datasets import load_items
 from .decode import prefill
@@ -33,10 +34,39 @@ def run_one(engine, item, args, sampling):
     raise RuntimeError("no answer")
 
 
+def batched_rows(engine, items, args) -> list[dict]:
+    """Greedy rows for `--batch K`: K questions decoded together (same rules as one at a time)."""
+    from .batch_decode import greedy_batch
+
+    reasoning = args.mode == "reason"
+    system = args.system or DEFAULT_SYSTEM
+    system = reasoning_system(args.budget or None, system) if reasoning else system
+    room = engine.context - args.answer_max_tokens - 64
+    rows = []
+    for start in range(0, len(items), args.batch):
+        chunk = items[start:start + args.batch]
+        t = time.perf_counter()
+        results = greedy_batch(engine, [engine.prompt_ids(i.prompt, system) for i in chunk], reasoning=reasoning,
+                               think_limit=min(args.budget or room, room),
+                               answer_limit=args.answer_max_tokens if reasoning else args.max_tokens)
+        per_question = (time.perf_counter() - t) / len(chunk)
+        for item, r in zip(chunk, results, strict=True):
+            rows.append({"correct": is_correct(r["text"], item.gold), "thinking_tokens": r["thinking_tokens"],
+                         "answer_tokens": r["answer_tokens"], "budget_forced": r["budget_forced"], "ttft_s": 0.0,
+                         "latency_s": per_question, "reasoned": reasoning})
+        if args.progress:
+            acc = sum(r["correct"] for r in rows) / len(rows)
+            print(f"[{len(rows)}/{len(items)}] acc {acc:.3f} {per_question:.1f}s/question", file=sys.stderr, flush=True)
+    return rows
+
+
 def evaluate(engine, items, args) -> dict:
     greedy = args.parallel == 1 and args.temperature == 0
-    rows = []
-    for k, item in enumerate(items):
+    batch = getattr(args, "batch", 1)
+    if batch > 1 and not (greedy and args.mode in ("base", "reason")):
+        raise ValueError("--batch works for greedy single answers in base or reason mode")
+    rows = batched_rows(engine, items, args) if batch > 1 else []
+    for k, item in enumerate(items if batch <= 1 else []):
         sampling = SamplingConfig(temperature=args.temperature, top_p=0.95 if not greedy else 1.0, top_k=0,
                                   repetition_penalty=1.0, max_tokens=args.max_tokens,
                                   seed=None if args.seed is None else args.seed + k)
@@ -64,7 +94,9 @@ def evaluate(engine, items, args) -> dict:
            "mean_latency_s": mean("latency_s"), "mean_ttft_s": mean("ttft_s"), "reasoned_share": mean("reasoned"),
            "mode": args.mode, "budget": args.budget, "parallel": args.parallel, "vote": args.vote,
            "temperature": args.temperature, "data": str(args.data), "model": engine.model_id,
-           "system": args.system}
+           "system": args.system, "batch": batch}
+    if batch > 1:  # one prefill serves the whole batch: per-question TTFT is not measured
+        out["mean_ttft_s"] = None
     if args.parallel > 1 and rows:
         for method in ("weighted", "majority", "best"):
             out[f"accuracy_{method}"] = mean(f"correct_{method}")
@@ -105,6 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--answer-max-tokens", type=int, default=128)
     p.add_argument("--max-tokens", type=int, default=320, help="cap for base-mode answers")
     p.add_argument("--parallel", type=int, default=1)
+    p.add_argument("--batch", type=int, default=1,
+                   help="greedy only: decode K questions together for throughput (latency becomes per-batch / K)")
     p.add_argument("--vote", choices=("weighted", "majority", "best"), default="weighted")
     p.add_argument("--temperature", type=float, default=None, help="default: 0 for one stream, 0.7 for parallel")
     p.add_argument("--seed", type=int, default=0)

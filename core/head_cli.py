@@ -29,6 +29,8 @@ def main(argv: list[str]) -> int:
         p.add_argument("--questions", type=int, default=60)
         p.add_argument("--samples", type=int, default=4)
         p.add_argument("--budget", type=int, default=256)
+        p.add_argument("--features-cache", type=Path, default=None,
+                       help="safetensors file keeping the sampled features and labels (reused when present)")
     args = p.parse_args(rest)
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     if what == "switcher":
@@ -43,7 +45,19 @@ def main(argv: list[str]) -> int:
             raise ValueError("the verifier scores reasoning answers: install or train the reasoning adapter first")
         per_file = max(1, args.questions // len(args.data))
         items = [i for f in args.data for i in load_items(f, per_file, shuffle_seed=args.seed)]
-        x, y = verifier_data(engine, items, samples=args.samples, budget=args.budget, seed=args.seed, report=say)
-        metrics = train_verifier(x, y, args.out, hidden_size=x.shape[1], model_id=engine.model_id, seed=args.seed)
+        if args.features_cache is not None and args.features_cache.is_file():
+            from safetensors.torch import load_file
+
+            saved = load_file(str(args.features_cache))
+            x, y, groups = saved["x"], saved["y"], saved["groups"]
+        else:
+            x, y, groups = verifier_data(engine, items, samples=args.samples, budget=args.budget, seed=args.seed,
+                                         report=say)
+            if args.features_cache is not None:
+                from safetensors.torch import save_file
+
+                save_file({"x": x.contiguous(), "y": y.contiguous(), "groups": groups.contiguous()},
+                          str(args.features_cache))
+        metrics = train_verifier(x, y, groups, args.out, hidden_size=x.shape[1], model_id=engine.model_id, seed=args.seed)
     print(json.dumps(metrics))
     return 0

@@ -118,7 +118,7 @@ def verifier_data(engine, items: list[Item], *, samples: int = 4, budget: int = 
     """Sample `samples` reasoning answers per question; label each by math-verify against the gold answer."""
     capture, saved = _Capture(), engine.verifier
     engine.verifier = capture
-    feats, labels = [], []
+    feats, labels, groups = [], [], []
     try:
         for k, item in enumerate(items):
             cfg = SamplingConfig(temperature=temperature, top_p=0.95, top_k=0, repetition_penalty=1.0, seed=seed + k)
@@ -131,18 +131,56 @@ def verifier_data(engine, items: list[Item], *, samples: int = 4, budget: int = 
                     continue
                 feats.append(capture.rows[int(c.score)])
                 labels.append(1.0 if is_correct(c.text, item.gold) else 0.0)
+                groups.append(k)
             report(f"{k + 1}/{len(items)} questions, {int(sum(labels))}/{len(labels)} correct so far")
     finally:
         engine.verifier = saved
-    return torch.stack(feats), torch.tensor(labels)
+    return torch.stack(feats), torch.tensor(labels), torch.tensor(groups)
 
 
-def train_verifier(x: torch.Tensor, y: torch.Tensor, out: Path, *, hidden_size: int, model_id: str, seed: int = 0,
-                   val_share: float = 0.1) -> dict:
-    tr, va = split(len(y), val_share, seed)
-    head = fit_head(VerifierHead(hidden_size), x[tr], y[tr], epochs=300, lr=5e-3, weight_decay=1e-3, seed=seed)
+WEIGHT_DECAYS = (1e-3, 1e-2, 1e-1, 1.0, 10.0)
+
+
+def group_split(groups: torch.Tensor, val_share: float, seed: int):
+    """Train/validation indices with every question's samples on one side (no leak between its answers)."""
+    ids = sorted(set(groups.tolist()))
+    random.Random(seed).shuffle(ids)
+    held = set(ids[: max(1, int(len(ids) * val_share))])
+    tr = [i for i, g in enumerate(groups.tolist()) if g not in held]
+    va = [i for i, g in enumerate(groups.tolist()) if g in held]
+    return tr, va
+
+
+def pick_weight_decay(x: torch.Tensor, y: torch.Tensor, groups: torch.Tensor, hidden_size: int, folds: int = 5,
+                      seed: int = 0):
+    """The L2 strength with the best mean k-fold AUC (folds by question): a few hundred samples in 896
+    dimensions overfit easily."""
+    ids = sorted(set(groups.tolist()))
+    random.Random(seed).shuffle(ids)
+    scores = {}
+    for wd in WEIGHT_DECAYS:
+        aucs = []
+        for k in range(folds):
+            held = set(ids[k::folds])
+            va = [i for i, g in enumerate(groups.tolist()) if g in held]
+            tr = [i for i, g in enumerate(groups.tolist()) if g not in held]
+            head = fit_head(VerifierHead(hidden_size), x[tr], y[tr], epochs=300, lr=5e-3, weight_decay=wd, seed=seed)
+            a = auc(head, x[va], y[va])
+            if a is not None:
+                aucs.append(a)
+        scores[wd] = sum(aucs) / len(aucs) if aucs else 0.0
+    return max(scores, key=scores.get), scores
+
+
+def train_verifier(x: torch.Tensor, y: torch.Tensor, groups: torch.Tensor, out: Path, *, hidden_size: int,
+                   model_id: str, seed: int = 0, val_share: float = 0.2) -> dict:
+    """Fit on the training questions (L2 picked by cross-validation), report on held-out questions, save."""
+    tr, va = group_split(groups, val_share, seed)
+    wd, cv = pick_weight_decay(x[tr], y[tr], groups[tr], hidden_size, seed=seed)
+    head = fit_head(VerifierHead(hidden_size), x[tr], y[tr], epochs=300, lr=5e-3, weight_decay=wd, seed=seed)
     metrics = {"train_accuracy": accuracy(head, x[tr], y[tr]), "val_accuracy": accuracy(head, x[va], y[va]),
                "val_auc": auc(head, x[va], y[va]), "n_train": len(tr), "n_val": len(va),
-               "positive_share": y.mean().item()}
+               "positive_share": y.mean().item(), "weight_decay": wd,
+               "cv_auc": {str(k): round(v, 4) for k, v in cv.items()}}
     save_head(head, out, {"kind": "verifier", "hidden_size": hidden_size, "model": model_id, **metrics})
     return metrics

@@ -43,10 +43,10 @@ def test_switcher_trains_saves_and_routes(engine, tmp_path):
 
 def test_verifier_data_and_training(engine, tmp_path):
     items = [Item("What is 2+2?", "4", "gsm8k"), Item("What is 3+3?", "6", "gsm8k")]
-    x, y = verifier_data(engine, items, samples=2, budget=4, answer_max_tokens=3, report=lambda m: None)
+    x, y, groups = verifier_data(engine, items, samples=2, budget=4, answer_max_tokens=3, report=lambda m: None)
     assert x.shape == (4, 128) and set(y.tolist()) <= {0.0, 1.0}
     y = torch.tensor([1.0, 0.0, 1.0, 0.0])  # the random model is never right: give the fit both classes
-    metrics = train_verifier(x, y, tmp_path / "v", hidden_size=128, model_id="tiny")
+    metrics = train_verifier(x, y, groups, tmp_path / "v", hidden_size=128, model_id="tiny")
     assert metrics["n_train"] + metrics["n_val"] == 4
     assert Verifier.load(tmp_path / "v").scores(x[:2]).__len__() == 2
 
