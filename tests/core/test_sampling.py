@@ -44,3 +44,30 @@ def test_config_validation():
         SamplingConfig(top_p=0)
     with pytest.raises(ValueError):
         SamplingConfig(max_tokens=0)
+
+
+@pytest.mark.parametrize("top_k,top_p", [(40, 0.9), (0, 0.95), (0, 0.5), (300, 0.9), (10, 1.0), (500, 1.0)])
+def test_shortlist_keeps_exactly_what_the_full_filter_keeps(top_k, top_p):
+    from core.sampling import shortlist
+
+    torch.manual_seed(0)
+    logits = torch.randn(4, 5000) * 4  # peaked enough that most nuclei fit in the shortlist
+    full = filter_top_k_top_p(logits, top_k, top_p)
+    short = shortlist(logits, top_k, top_p)
+    if short is None:  # the shortlist declined: only allowed when it could not be exact
+        assert top_k == 0 or top_k > 256
+        return
+    values, ids = short
+    for row in range(4):
+        kept_full = set(torch.nonzero(full[row] > float("-inf")).flatten().tolist())
+        kept_short = set(ids[row][values[row] > float("-inf")].tolist())
+        assert kept_short == kept_full
+
+
+def test_wide_nucleus_falls_back_to_the_full_sort():
+    from core.sampling import shortlist
+
+    flat = torch.zeros(2, 5000)  # uniform: the 0.9 nucleus holds 4500 tokens
+    assert shortlist(flat, 0, 0.9) is None
+    token = sample_next(flat, SamplingConfig(temperature=1.0, top_k=0, top_p=0.9), make_generator(0))
+    assert token.shape == (2,)
