@@ -1,5 +1,6 @@
 """Screenshots of the real app on the embedded model (run under Xvfb, or offscreen):
-a fast answer, a reasoning answer with its trace, a 4-way parallel answer with the vote. Writes docs/*.png.
+a fast answer, a reasoning answer with its trace, a 4-way parallel answer with the vote, the model manager,
+the settings dialog and the dark theme. Writes docs/*.png.
 
     xvfb-run -a -s "-screen 0 1280x900x24" .venv/bin/python scripts/screenshots.py
 """
@@ -20,11 +21,15 @@ def main() -> int:
 
     from app.chat_controller import ChatController, ReplyOptions
     from app.engine_service import EngineService
+    from core import paths
     from core.config import EngineConfig
     from core.store import ChatStore
     from ui.main_window import MainWindow
+    from ui.settings_dialog import SettingsDialog
+    from ui.theme import apply_theme
 
     app = QApplication.instance() or QApplication(sys.argv)
+    apply_theme("light", app)
     store = ChatStore(Path(tempfile.mkdtemp()) / "chats.db")
     service = EngineService(EngineConfig())
     controller = ChatController(service, store)
@@ -54,6 +59,20 @@ def main() -> int:
         await controller.send("What is 15% of 80?", ReplyOptions(mode="reason", budget=256, parallel=4, temperature=0.7))
         await asyncio.sleep(0.3)
         window.grab().save(str(out / "parallel-vote.png"))
+        window.open_models()
+        window.model_manager.select(service.model_name)
+        await asyncio.sleep(0.3)
+        window.model_manager.grab().save(str(out / "model-manager.png"))
+        window.model_manager.close()
+        dialog = SettingsDialog(window.settings, paths.data_dir(), window)
+        dialog.show()
+        await asyncio.sleep(0.3)
+        dialog.grab().save(str(out / "settings.png"))
+        dialog.close()
+        apply_theme("dark")
+        window.render()
+        await asyncio.sleep(0.3)
+        window.grab().save(str(out / "dark-theme.png"))
         app.quit()
 
     qasync.run(scenario())

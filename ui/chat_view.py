@@ -87,7 +87,7 @@ class ChatView(QTextBrowser):
         lines = ["**Ponder**"]
         if m.thinking:
             header = self._thinking_header(meta.get("thinking_tokens", 0), meta.get("budget"), meta.get("budget_forced"))
-            show = "hide" if m.id in self.expanded else "show"
+            show = "▾ hide trace" if m.id in self.expanded else "▸ show trace"
             lines.append(f"{header} [{show}](ponder:toggle/{m.id})")
             if m.id in self.expanded:
                 lines.append(quote(m.thinking))
