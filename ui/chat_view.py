@@ -85,7 +85,8 @@ class ChatView(QTextBrowser):
     def _assistant(self, m, is_last: bool) -> str:
         meta = m.meta
         lines = ["**Ponder**"]
-        if m.thinking:
+        reasoned = bool((meta.get("route") or {}).get("reason"))
+        if m.thinking or reasoned:
             header = self._thinking_header(meta.get("thinking_tokens", 0), meta.get("budget"), meta.get("budget_forced"))
             show = "▾ hide trace" if m.id in self.expanded else "▸ show trace"
             lines.append(f"{header} [{show}](ponder:toggle/{m.id})")
