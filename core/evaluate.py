@@ -85,9 +85,23 @@ def evaluate(engine, items, args) -> dict:
                 row[f"correct_{method}"] = v.winner is not None and is_correct(f"\\boxed{{{v.winner}}}", item.gold)
             row["pass_at_n"] = any(is_correct(c.text, item.gold) for c in answer.candidates)
         rows.append(row)
+        if getattr(args, "out", None):  # a long run stopped early keeps what it measured
+            write_json(args.out, {**summarize(engine, rows, args, batch), "partial": len(rows) < len(items)})
         if args.progress:
             acc = sum(r["correct"] for r in rows) / len(rows)
             print(f"[{k + 1}/{len(items)}] acc {acc:.3f} latency {latency:.1f}s", file=sys.stderr, flush=True)
+    return summarize(engine, rows, args, batch)
+
+
+def write_json(path: Path, data: dict) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    tmp.replace(path)
+
+
+def summarize(engine, rows: list[dict], args, batch: int) -> dict:
     mean = lambda key: statistics.fmean(r[key] for r in rows) if rows else 0.0  # noqa: E731
     out = {"n": len(rows), "accuracy": mean("correct"), "mean_thinking_tokens": mean("thinking_tokens"),
            "mean_answer_tokens": mean("answer_tokens"), "budget_forced_share": mean("budget_forced"),
@@ -170,8 +184,7 @@ def main(argv=None) -> int:
         result = evaluate(engine, items, args)
     text = json.dumps(result, indent=None if args.json else 2)
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2))
+        write_json(args.out, result)
     print(text)
     return 0
 

@@ -57,8 +57,10 @@ def test_evaluate_reports_the_agreed_fields(engine, tmp_path):
                               for a in range(2)))
     items = load_items(data)
     args = SimpleNamespace(mode="reason", budget=4, answer_max_tokens=3, max_tokens=4, parallel=2, vote="majority",
-                           temperature=0.7, seed=0, progress=False, data=data, system=None)
+                           temperature=0.7, seed=0, progress=False, data=data, system=None,
+                           out=tmp_path / "result.json")
     out = evaluate(engine, items, args)
+    assert json.loads(args.out.read_text())["n"] == 2  # written after every question (a stopped run keeps it)
     for key in ("n", "accuracy", "mean_thinking_tokens", "mean_answer_tokens", "budget_forced_share",
                 "mean_latency_s", "accuracy_weighted", "accuracy_majority", "pass_at_n"):
         assert key in out
