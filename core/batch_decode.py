@@ -9,30 +9,18 @@ the last bits of floating point). The interactive app never uses this; `ponder e
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 
 from .cache import new_cache
+from .parallel import Row
 from .prompts import reasoning_prompts
 from .text_stream import TextStream
 
 
-@dataclass
-class BatchRow:
-    phase: str
-    think: TextStream
-    answer: TextStream
-    queue: list[int] = field(default_factory=list)
-    thinking_ids: list[int] = field(default_factory=list)
-    answer_ids: list[int] = field(default_factory=list)
-    forced: bool = False
-    budget_hit: bool = False
-
-    def result(self, prefix: str) -> dict:
-        text = (prefix if self.forced else "") + self.answer.text.lstrip("\n")
-        return {"text": text, "thinking": self.think.text, "thinking_tokens": len(self.thinking_ids),
-                "answer_tokens": len(self.answer_ids), "budget_forced": self.budget_hit}
+def row_result(row: Row, forced_prefix: str) -> dict:
+    text = (forced_prefix if row.forced else "") + row.answer.text.lstrip("\n")
+    return {"text": text, "thinking": row.think.text, "thinking_tokens": len(row.thinking_ids),
+            "answer_tokens": len(row.answer_ids), "budget_forced": row.budget_hit}
 
 
 @torch.inference_mode()
@@ -52,8 +40,8 @@ def greedy_batch(engine, prompts: list[list[int]], *, reasoning: bool, think_lim
         logits = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
                        logits_to_keep=1).logits[:, -1]
     next_pos = positions[:, -1] + 1
-    rows = [BatchRow("thinking" if reasoning else "answer", TextStream(tok, (marker,)), TextStream(tok, ()))
-            for _ in seqs]
+    rows = [Row(i, "thinking" if reasoning else "answer", TextStream(tok, (marker,)), TextStream(tok, ()))
+            for i in range(len(seqs))]
     active = list(range(len(seqs)))
     context = (lambda: torch.inference_mode()) if reasoning else engine._base
     while active:
@@ -108,4 +96,4 @@ def greedy_batch(engine, prompts: list[list[int]], *, reasoning: bool, think_lim
         next_pos = next_pos + 1
     for row in rows:
         row.answer.flush()
-    return [row.result(engine._forced_prefix_text) for row in rows]
+    return [row_result(row, engine._forced_prefix_text) for row in rows]

@@ -64,3 +64,17 @@ def write_tiny_hf(folder: Path) -> Path:
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
     return folder
+
+
+def make_reasoning_engine(vocab_size: int = 448):
+    """An Engine on the tiny model with a random (non-zero) reasoning adapter attached."""
+    from core import adapters
+    from core.engine import Engine
+
+    model = adapters.attach_new(make_model(vocab_size), rank=4)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                torch.nn.init.normal_(p, std=0.05)
+    model.eval()
+    return Engine(model, make_tokenizer(), model_id="tiny", context=512, adapter_name="reason")

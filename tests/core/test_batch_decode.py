@@ -1,14 +1,11 @@
 """Batched greedy evaluation follows the engine's rules: the same answers as one prompt at a time."""
 import pytest
-import torch
 
-from core import adapters
 from core.batch_decode import greedy_batch
 from core.chat_format import DEFAULT_SYSTEM
 from core.config import SamplingConfig
-from core.engine import Engine
 from core.prompts import reasoning_system
-from tests.tiny import make_model, make_tokenizer
+from tests.tiny import make_reasoning_engine
 
 PROMPTS = ["What is 2+2?", "Name three colours of the rainbow, please, in order.", "hi"]
 GREEDY = SamplingConfig(temperature=0, repetition_penalty=1.0, max_tokens=12)
@@ -16,13 +13,7 @@ GREEDY = SamplingConfig(temperature=0, repetition_penalty=1.0, max_tokens=12)
 
 @pytest.fixture(scope="module")
 def engine():
-    model = adapters.attach_new(make_model(448), rank=4)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.requires_grad:
-                torch.nn.init.normal_(p, std=0.05)
-    model.eval()
-    return Engine(model, make_tokenizer(), model_id="tiny", context=512, adapter_name="reason")
+    return make_reasoning_engine()
 
 
 @pytest.mark.parametrize("mode,kv", [("base", "bf16"), ("reason", "bf16"), ("reason", "int8")])

@@ -1,27 +1,17 @@
 """Reasoning mode on the tiny model with a (random) adapter: one shared prefill, budget cut, think longer."""
 import pytest
-import torch
 
-from core import adapters
 from core.config import SamplingConfig
-from core.engine import Engine
 from core.events import DoneEvent, TokenEvent
 from core.prompts import reasoning_system
-from tests.tiny import make_model, make_tokenizer
+from tests.tiny import make_reasoning_engine
 
 GREEDY = SamplingConfig(temperature=0, repetition_penalty=1.0, max_tokens=20)
 
 
 @pytest.fixture(scope="module")
 def reasoning_engine():
-    tok = make_tokenizer()
-    model = adapters.attach_new(make_model(448), rank=4)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.requires_grad:
-                torch.nn.init.normal_(p, std=0.05)
-    model.eval()
-    return Engine(model, tok, model_id="tiny", context=512, adapter_name="reason")
+    return make_reasoning_engine()
 
 
 def count_forward_tokens(model):

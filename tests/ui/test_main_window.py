@@ -1,6 +1,4 @@
 """The window on the real tiny engine (with a random reasoning adapter) and a real chat store, offscreen."""
-import asyncio
-
 import pytest
 
 from app.chat_controller import ChatController
@@ -8,6 +6,7 @@ from app.engine_service import EngineService
 from core import adapters
 from core.engine import Engine
 from core.store import ChatStore
+from tests.qt_helpers import run_until
 from tests.tiny import make_model, make_tokenizer
 from ui.main_window import MainWindow
 
@@ -29,17 +28,6 @@ def window(qtbot, loop, reasoning_engine, tmp_path):
     loop.run_until_complete(service.start())
     yield win
     service.shutdown()
-
-
-def run_until(loop, predicate, timeout=60.0):
-    async def wait():
-        for _ in range(int(timeout / 0.02)):
-            if predicate():
-                return True
-            await asyncio.sleep(0.02)
-        return False
-
-    return loop.run_until_complete(wait())
 
 
 def send(win, loop, text, mode="base", budget=256, parallel=1):

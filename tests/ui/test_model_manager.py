@@ -1,26 +1,14 @@
 """The model manager on a real model store (tiny model files), offscreen: import, remove, offline download,
 bad files, and switching the running model through the EngineService."""
-import asyncio
-
 import pytest
 
 from app.engine_service import EngineService
 from app.model_service import ModelService
 from core.config import EngineConfig
 from tests.conftest import TINY_ID
+from tests.qt_helpers import run_until
 from ui import dialogs
 from ui.model_manager import ModelManager
-
-
-def run_until(loop, predicate, timeout=120.0):
-    async def wait():
-        for _ in range(int(timeout / 0.02)):
-            if predicate():
-                return True
-            await asyncio.sleep(0.02)
-        return False
-
-    return loop.run_until_complete(wait())
 
 
 @pytest.fixture
