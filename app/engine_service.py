@@ -87,9 +87,7 @@ class EngineService(QObject):
         messages, sampling = args
         n = options.pop("parallel", 1)
         if n > 1:
-            from core.parallel import stream_parallel
-
-            return stream_parallel(self._engine, messages, sampling, n=n, cancel=cancel, **options)
+            return self._engine.parallel(messages, sampling, n=n, cancel=cancel, **options)
         return self._engine.stream(messages, sampling, cancel=cancel, **options)
 
     def _run(self, kind: str, args: tuple, options: dict, cancel: threading.Event) -> Answer:

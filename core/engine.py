@@ -211,6 +211,13 @@ class Engine:
         adapter = self.adapter_name if extra.get("route") and extra["route"].reason else None
         return Answer(text, reason, stats, self.model_id, tuple(out_ids), adapter=adapter, **extra)
 
+    def parallel(self, messages: Sequence[dict] | str, sampling: SamplingConfig | None = None, *, n: int = 4,
+                 **kw) -> Iterator[TokenEvent | DoneEvent]:
+        """N answers sampled from one prefill and voted on (see core.parallel)."""
+        from .parallel import stream_parallel
+
+        return stream_parallel(self, messages, sampling, n=n, **kw)
+
     def generate(self, messages: Sequence[dict] | str, sampling: SamplingConfig | None = None, **kw) -> Answer:
         """Run `stream` to the end and return the Answer."""
         return collect(self.stream(messages, sampling, **kw))
