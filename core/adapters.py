@@ -33,15 +33,16 @@ def attach_new(model: nn.Module, rank: int = 16, alpha: int | None = None, dropo
     return get_peft_model(model, lora_config(rank, alpha, dropout), adapter_name=ADAPTER_NAME)
 
 
-def load_adapter(model: nn.Module, folder: Path):
-    """Attach a saved adapter (peft safetensors format) for inference."""
+def load_adapter(model: nn.Module, folder: Path, trainable: bool = False):
+    """Attach a saved adapter (peft safetensors format): for inference, or to train it further."""
     from peft import PeftModel
 
     folder = Path(folder)
     if not (folder / "adapter_model.safetensors").is_file():
         raise FileNotFoundError(f"{folder} holds no adapter_model.safetensors")
-    peft_model = PeftModel.from_pretrained(model, str(folder), adapter_name=ADAPTER_NAME, is_trainable=False)
-    peft_model.eval()
+    peft_model = PeftModel.from_pretrained(model, str(folder), adapter_name=ADAPTER_NAME, is_trainable=trainable)
+    if not trainable:
+        peft_model.eval()
     return peft_model
 
 

@@ -101,6 +101,8 @@ class SftArgs:
     max_response_tokens: int = 320
     seed: int = 0
     threads: int | None = None
+    init_adapter: str | None = None
+    """Continue training this saved adapter (same base) instead of starting from a fresh one."""
 
     def __post_init__(self):
         if not self.data:

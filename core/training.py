@@ -58,7 +58,10 @@ def setup(args: SftArgs, store: ModelStore | None = None):
     base = load_model(installed, EngineConfig(model_id=args.model_id, precision=args.precision))
     if args.precision in ("w4", "w8"):
         base = dequantized_copy(base)  # same function as the quantized base, dense kernels for backward
-    model = adapters.attach_new(base, args.rank, args.alpha, args.dropout)
+    if args.init_adapter:
+        model = adapters.load_adapter(base, Path(args.init_adapter), trainable=True)
+    else:
+        model = adapters.attach_new(base, args.rank, args.alpha, args.dropout)
     examples = load_examples([Path(p) for p in args.data], args.examples, args.seed)
     encoded = [encode_example(tokenizer, ex) for ex in examples]
     encoded = [(p, r) for p, r in encoded if len(r) <= args.max_response_tokens]
@@ -123,6 +126,7 @@ def parse_args(argv=None) -> SftArgs:
                  "max_response_tokens", "seed", "threads"):
         value = getattr(defaults, name)
         p.add_argument("--" + name.replace("_", "-"), type=type(value) if value is not None else int, default=value)
+    p.add_argument("--init-adapter", default=None, help="continue training this adapter folder")
     a = p.parse_args(argv)
     return SftArgs(**{**vars(a), "data": tuple(a.data)})
 

@@ -90,3 +90,13 @@ def test_train_sft_end_to_end_saves_loadable_adapter(tiny_store, tmp_path):
     base = load_model(tiny_store.get("tiny-qwen2"), EngineConfig(model_id="tiny-qwen2", precision="w4"))
     loaded = adapters.load_adapter(base, out)
     assert adapters.is_adapted(loaded)
+    # continue training the saved adapter: it starts from the saved weights, not from zero
+    from safetensors.torch import load_file
+
+    more = tmp_path / "adapter2"
+    train_sft(SftArgs(data=(str(data),), out=str(more), model_id="tiny-qwen2", precision="w4", examples=4, steps=1,
+                      grad_accum=1, rank=4, alpha=8, lr=1e-9, init_adapter=str(out)), store=tiny_store)
+    before, after = load_file(str(out / "adapter_model.safetensors")), load_file(str(more / "adapter_model.safetensors"))
+    assert before.keys() == after.keys()
+    assert all(torch.allclose(before[k].float(), after[k].float(), atol=1e-2) for k in before)
+    assert any(before[k].abs().sum() > 0 for k in before if "lora_B" in k)
