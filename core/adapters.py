@@ -63,6 +63,9 @@ def base(model: nn.Module):
 def save_adapter(model: nn.Module, folder: Path, meta: dict) -> None:
     folder = Path(folder)
     model.save_pretrained(str(folder), safe_serialization=True)
+    card = folder / "README.md"  # peft's generated model card names local paths: not shipped
+    if card.is_file():
+        card.unlink()
     nested = folder / ADAPTER_NAME  # peft puts a non-default adapter name in a subfolder: keep one flat layout
     if nested.is_dir():
         for f in nested.iterdir():
