@@ -54,6 +54,8 @@ def batched_rows(engine, items, args) -> list[dict]:
             rows.append({"correct": is_correct(r["text"], item.gold), "thinking_tokens": r["thinking_tokens"],
                          "answer_tokens": r["answer_tokens"], "budget_forced": r["budget_forced"], "ttft_s": 0.0,
                          "latency_s": per_question, "reasoned": reasoning})
+        if getattr(args, "out", None):
+            write_json(args.out, {**summarize(engine, rows, args, args.batch), "partial": len(rows) < len(items)})
         if args.progress:
             acc = sum(r["correct"] for r in rows) / len(rows)
             print(f"[{len(rows)}/{len(items)}] acc {acc:.3f} {per_question:.1f}s/question", file=sys.stderr, flush=True)

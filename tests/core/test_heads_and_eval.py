@@ -74,3 +74,15 @@ def test_bad_data_file_errors(tmp_path):
         load_items(bad)
     with pytest.raises(FileNotFoundError):
         load_items(tmp_path / "missing.jsonl")
+
+
+def test_batched_greedy_evaluation_writes_as_it_goes(engine, tmp_path):
+    data = tmp_path / "gsm.jsonl"
+    data.write_text("\n".join(json.dumps({"question": f"What is {a}+1?", "answer": f"so\n#### {a + 1}"})
+                              for a in range(3)))
+    args = SimpleNamespace(mode="base", budget=4, answer_max_tokens=3, max_tokens=4, parallel=1, vote="weighted",
+                           temperature=0.0, seed=0, progress=False, data=data, system=None, batch=2,
+                           out=tmp_path / "result.json")
+    out = evaluate(engine, load_items(data), args)
+    saved = json.loads(args.out.read_text())
+    assert out["n"] == saved["n"] == 3 and saved["partial"] is False and out["batch"] == 2
