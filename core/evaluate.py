@@ -51,11 +51,13 @@ def batched_rows(engine, items, args) -> list[dict]:
                                answer_limit=args.answer_max_tokens if reasoning else args.max_tokens)
         per_question = (time.perf_counter() - t) / len(chunk)
         for item, r in zip(chunk, results, strict=True):
-            rows.append({"correct": is_correct(r["text"], item.gold), "thinking_tokens": r["thinking_tokens"],
+            rows.append({"index": getattr(args, "offset", 0) + len(rows), "correct": is_correct(r["text"], item.gold),
+                         "thinking_tokens": r["thinking_tokens"],
                          "answer_tokens": r["answer_tokens"], "budget_forced": r["budget_forced"], "ttft_s": 0.0,
                          "latency_s": per_question, "reasoned": reasoning})
         if getattr(args, "out", None):
-            write_json(args.out, {**summarize(engine, rows, args, args.batch), "partial": len(rows) < len(items)})
+            write_json(args.out, {**summarize(engine, rows, args, args.batch), "partial": len(rows) < len(items),
+                                  "questions": rows})
         if args.progress:
             acc = sum(r["correct"] for r in rows) / len(rows)
             print(f"[{len(rows)}/{len(items)}] acc {acc:.3f} {per_question:.1f}s/question", file=sys.stderr, flush=True)
@@ -75,7 +77,8 @@ def evaluate(engine, items, args) -> dict:
         t = time.perf_counter()
         answer = run_one(engine, item, args, sampling)
         latency = time.perf_counter() - t
-        row = {"correct": is_correct(answer.text, item.gold), "thinking_tokens": answer.thinking_tokens,
+        row = {"index": getattr(args, "offset", 0) + k, "correct": is_correct(answer.text, item.gold),
+               "thinking_tokens": answer.thinking_tokens,
                "answer_tokens": answer.answer_tokens or answer.stats.completion_tokens,
                "budget_forced": answer.budget_forced, "ttft_s": answer.stats.ttft_s, "latency_s": latency,
                "reasoned": bool(answer.route and answer.route.reason)}
@@ -85,14 +88,17 @@ def evaluate(engine, items, args) -> dict:
             for method in ("weighted", "majority", "best"):
                 v = vote(finals, scores, method)
                 row[f"correct_{method}"] = v.winner is not None and is_correct(f"\\boxed{{{v.winner}}}", item.gold)
-            row["pass_at_n"] = any(is_correct(c.text, item.gold) for c in answer.candidates)
+            row["candidates"] = [{"answer": c.final_answer, "score": c.score, "correct": is_correct(c.text, item.gold),
+                                  "thinking_tokens": c.thinking_tokens} for c in answer.candidates]
+            row["pass_at_n"] = any(c["correct"] for c in row["candidates"])
         rows.append(row)
         if getattr(args, "out", None):  # a long run stopped early keeps what it measured
-            write_json(args.out, {**summarize(engine, rows, args, batch), "partial": len(rows) < len(items)})
+            write_json(args.out, {**summarize(engine, rows, args, batch), "partial": len(rows) < len(items),
+                                  "questions": rows})
         if args.progress:
             acc = sum(r["correct"] for r in rows) / len(rows)
             print(f"[{k + 1}/{len(items)}] acc {acc:.3f} latency {latency:.1f}s", file=sys.stderr, flush=True)
-    return summarize(engine, rows, args, batch)
+    return {**summarize(engine, rows, args, batch), "questions": rows}
 
 
 def write_json(path: Path, data: dict) -> None:
@@ -184,7 +190,8 @@ def main(argv=None) -> int:
         if any(i.gold is None for i in items):
             raise ValueError(f"{args.data} has no reference answers; use --route-only for chat prompts")
         result = evaluate(engine, items, args)
-    text = json.dumps(result, indent=None if args.json else 2)
+    summary = {k: v for k, v in result.items() if k != "questions"}  # per-question rows go to --out only
+    text = json.dumps(summary, indent=None if args.json else 2)
     if args.out:
         write_json(args.out, result)
     print(text)

@@ -60,7 +60,11 @@ def test_evaluate_reports_the_agreed_fields(engine, tmp_path):
                            temperature=0.7, seed=0, progress=False, data=data, system=None,
                            out=tmp_path / "result.json")
     out = evaluate(engine, items, args)
-    assert json.loads(args.out.read_text())["n"] == 2  # written after every question (a stopped run keeps it)
+    saved = json.loads(args.out.read_text())
+    assert saved["n"] == 2  # written after every question (a stopped run keeps it)
+    first = saved["questions"][0]  # per-question rows, each candidate with its answer, score and correctness
+    assert first["index"] == 0 and len(first["candidates"]) == args.parallel
+    assert first["pass_at_n"] == any(c["correct"] for c in first["candidates"])
     for key in ("n", "accuracy", "mean_thinking_tokens", "mean_answer_tokens", "budget_forced_share",
                 "mean_latency_s", "accuracy_weighted", "accuracy_majority", "pass_at_n"):
         assert key in out
@@ -86,3 +90,4 @@ def test_batched_greedy_evaluation_writes_as_it_goes(engine, tmp_path):
     out = evaluate(engine, load_items(data), args)
     saved = json.loads(args.out.read_text())
     assert out["n"] == saved["n"] == 3 and saved["partial"] is False and out["batch"] == 2
+    assert [q["index"] for q in saved["questions"]] == [0, 1, 2]
