@@ -58,6 +58,11 @@ def main(argv: list[str]) -> int:
 
                 save_file({"x": x.contiguous(), "y": y.contiguous(), "groups": groups.contiguous()},
                           str(args.features_cache))
-        metrics = train_verifier(x, y, groups, args.out, hidden_size=x.shape[1], model_id=engine.model_id, seed=args.seed)
+        source = {"data": [f"{Path(f).parent.name}/{Path(f).name}" for f in args.data], "questions": args.questions,
+                  "samples": args.samples,
+                  "budget": args.budget, "seed": args.seed, "temperature": 0.7, "top_p": 0.95,
+                  "command": " ".join(["ponder", "train", what, *rest])}
+        metrics = train_verifier(x, y, groups, args.out, hidden_size=x.shape[1], model_id=engine.model_id, seed=args.seed,
+                                 source=source)
     print(json.dumps(metrics))
     return 0

@@ -138,7 +138,7 @@ def verifier_data(engine, items: list[Item], *, samples: int = 4, budget: int = 
     return torch.stack(feats), torch.tensor(labels), torch.tensor(groups)
 
 
-WEIGHT_DECAYS = (1e-3, 1e-2, 1e-1, 1.0, 10.0)
+WEIGHT_DECAYS = (0.1, 1.0, 10.0, 30.0, 100.0)
 
 
 def group_split(groups: torch.Tensor, val_share: float, seed: int):
@@ -173,7 +173,7 @@ def pick_weight_decay(x: torch.Tensor, y: torch.Tensor, groups: torch.Tensor, hi
 
 
 def train_verifier(x: torch.Tensor, y: torch.Tensor, groups: torch.Tensor, out: Path, *, hidden_size: int,
-                   model_id: str, seed: int = 0, val_share: float = 0.2) -> dict:
+                   model_id: str, seed: int = 0, val_share: float = 0.2, source: dict | None = None) -> dict:
     """Fit on the training questions (L2 picked by cross-validation), report on held-out questions, save."""
     tr, va = group_split(groups, val_share, seed)
     wd, cv = pick_weight_decay(x[tr], y[tr], groups[tr], hidden_size, seed=seed)
@@ -182,5 +182,6 @@ def train_verifier(x: torch.Tensor, y: torch.Tensor, groups: torch.Tensor, out: 
                "val_auc": auc(head, x[va], y[va]), "n_train": len(tr), "n_val": len(va),
                "positive_share": y.mean().item(), "weight_decay": wd,
                "cv_auc": {str(k): round(v, 4) for k, v in cv.items()}}
-    save_head(head, out, {"kind": "verifier", "hidden_size": hidden_size, "model": model_id, **metrics})
+    save_head(head, out, {"kind": "verifier", "hidden_size": hidden_size, "model": model_id, **metrics,
+                          "trained_on": source or {}})
     return metrics

@@ -71,7 +71,7 @@ def test_shipped_reasoning_components_load_and_answer(engine):
     """The shipped adapter, switcher and verifier attach to the embedded model and work end to end."""
     from core.parallel import stream_parallel
 
-    assert engine.can_reason and engine.router is not None
+    assert engine.can_reason and engine.router is not None and engine.verifier is not None
     answer = engine.generate("What is 17*23?", SamplingConfig(temperature=0), mode="reason", budget=96,
                              answer_max_tokens=32)
     assert answer.route.reason and answer.adapter and 0 < answer.thinking_tokens <= 96
@@ -82,5 +82,4 @@ def test_shipped_reasoning_components_load_and_answer(engine):
                                   budget=48, answer_max_tokens=16))
     result = events[-1].answer
     assert len(result.candidates) == 2 and result.chosen in (0, 1)
-    if engine.verifier is not None:
-        assert all(0 <= c.score <= 1 for c in result.candidates)
+    assert all(0 <= c.score <= 1 for c in result.candidates)
