@@ -42,3 +42,34 @@ def test_tie_goes_to_the_first_seen_answer():
 def test_bad_method_rejected():
     with pytest.raises(ValueError):
         vote(["1"], [1.0], "median")
+
+
+def test_voting_at_k_from_saved_candidates(tmp_path):
+    import json
+
+    from bench.votes import accuracy_at, main
+
+    def cand(answer, score, correct):
+        return {"answer": answer, "score": score, "correct": correct}
+
+    # Four candidates: the right answer "4" is the minority but carries the higher verifier scores.
+    q = {"candidates": [cand("5", 0.1, False), cand("4", 0.9, True), cand("5", 0.2, False), cand("4", 0.3, True)]}
+    at4 = accuracy_at([q], 4)
+    # majority ties 2-2 and breaks on summed weight (1.2 for "4" vs 0.3 for "5"): "4" wins every method
+    assert at4 == {"majority@4": 1.0, "weighted@4": 1.0, "best@4": 1.0, "pass@4": 1.0}
+    at2 = accuracy_at([q], 2)  # groups (5, 4) and (5, 4): majority ties at one vote each, weight decides
+    assert at2 == {"majority@2": 1.0, "weighted@2": 1.0, "best@2": 1.0, "pass@2": 1.0}
+    at1 = accuracy_at([q], 1)  # single samples: half are right
+    assert at1 == {"majority@1": 0.5, "weighted@1": 0.5, "best@1": 0.5, "pass@1": 0.5}
+
+    q2 = {"candidates": [cand("7", 0.1, True), cand("8", 0.6, False), cand("8", 0.1, False), cand("7", 0.2, True),
+                         cand("7", 0.1, True), cand(None, None, False), cand("9", 0.9, False), cand("8", 0.1, False)]}
+    at8 = accuracy_at([q2], 8)
+    # majority: 7 and 8 have 3 votes each; summed weight 0.4 vs 0.8 -> 8 (wrong). weighted: 8 (0.8) vs 9 (0.9) -> 9.
+    assert at8 == {"majority@8": 0.0, "weighted@8": 0.0, "best@8": 0.0, "pass@8": 1.0}
+
+    saved = tmp_path / "eval_demo.json"
+    saved.write_text(json.dumps({"data": "demo.jsonl", "questions": [q2, {"index": 1}]}))
+    assert main([str(saved)]) == 0
+    written = json.loads((tmp_path / "votes_demo.json").read_text())
+    assert written["n"] == 1 and written["by_k"]["8"]["pass@8"] == 1.0

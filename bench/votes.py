@@ -1,0 +1,69 @@
+"""Voting at k = 1, 2, 4, 8 from one saved parallel evaluation (no decoding).
+
+`ponder eval --parallel 8 --out FILE` keeps every question's candidates (final answer, verifier score,
+correctness). Splitting each question's 8 candidates into disjoint groups of k and voting inside each group gives
+majority@k, weighted@k (summed verifier scores) and best-of-k (highest score), averaged over the 8/k groups, plus
+pass@k. `python -m bench.votes bench/results/eval_gsm8k_reason_par8.json` writes `votes_<name>.json` and `.md`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+from core.voting import vote
+
+METHODS = ("majority", "weighted", "best")
+
+
+def group_accuracy(candidates: list[dict], method: str) -> bool:
+    """Is the answer `method` picks from these candidates right? (Equal answers share correctness.)"""
+    answers = [c["answer"] for c in candidates]
+    scores = [1.0 if c["score"] is None else c["score"] for c in candidates]
+    picked = vote(answers, scores, method).winner_index
+    return picked is not None and bool(candidates[picked]["correct"])
+
+
+def accuracy_at(questions: list[dict], k: int) -> dict:
+    """Accuracy of each method and pass@k, averaged over disjoint groups of k candidates per question."""
+    per_method = {m: [] for m in METHODS}
+    passes = []
+    for q in questions:
+        cands = q["candidates"]
+        groups = [cands[i:i + k] for i in range(0, len(cands) - k + 1, k)]
+        for m in METHODS:
+            per_method[m].append(statistics.fmean(group_accuracy(g, m) for g in groups))
+        passes.append(statistics.fmean(any(c["correct"] for c in g) for g in groups))
+    out = {f"{m}@{k}": statistics.fmean(v) for m, v in per_method.items()}
+    out[f"pass@{k}"] = statistics.fmean(passes)
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.votes")
+    p.add_argument("result", type=Path, help="a `ponder eval --parallel N --out` JSON file")
+    args = p.parse_args(argv)
+    data = json.loads(args.result.read_text())
+    questions = [q for q in data.get("questions", []) if q.get("candidates")]
+    if not questions:
+        raise SystemExit(f"{args.result} has no per-question candidates (run ponder eval --parallel N --out FILE)")
+    n_cand = min(len(q["candidates"]) for q in questions)
+    ks = [k for k in (1, 2, 4, 8) if k <= n_cand]
+    table = {k: accuracy_at(questions, k) for k in ks}
+    name = args.result.stem.removeprefix("eval_")
+    result = {"source": args.result.name, "n": len(questions), "data": data.get("data"), "by_k": table}
+    out = args.result.parent
+    (out / f"votes_{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    lines = [f"Voting from `{args.result.name}` ({len(questions)} questions), disjoint groups of k candidates:", "",
+             "| k | majority | weighted | best-of-k | pass@k |", "|---:|---:|---:|---:|---:|"]
+    for k, row in table.items():
+        lines.append(f"| {k} | {row[f'majority@{k}']:.1%} | {row[f'weighted@{k}']:.1%} | {row[f'best@{k}']:.1%} "
+                     f"| {row[f'pass@{k}']:.1%} |")
+    (out / f"votes_{name}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
