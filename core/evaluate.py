@@ -52,7 +52,7 @@ def batched_rows(engine, items, args) -> list[dict]:
         per_question = (time.perf_counter() - t) / len(chunk)
         for item, r in zip(chunk, results, strict=True):
             rows.append({"index": getattr(args, "offset", 0) + len(rows), "correct": is_correct(r["text"], item.gold),
-                         "thinking_tokens": r["thinking_tokens"],
+                         "thinking_tokens": r["thinking_tokens"], "text": r["text"], "thinking": r["thinking"],
                          "answer_tokens": r["answer_tokens"], "budget_forced": r["budget_forced"], "ttft_s": 0.0,
                          "latency_s": per_question, "reasoned": reasoning})
         if getattr(args, "out", None):
@@ -78,7 +78,7 @@ def evaluate(engine, items, args) -> dict:
         answer = run_one(engine, item, args, sampling)
         latency = time.perf_counter() - t
         row = {"index": getattr(args, "offset", 0) + k, "correct": is_correct(answer.text, item.gold),
-               "thinking_tokens": answer.thinking_tokens,
+               "thinking_tokens": answer.thinking_tokens, "text": answer.text, "thinking": answer.thinking,
                "answer_tokens": answer.answer_tokens or answer.stats.completion_tokens,
                "budget_forced": answer.budget_forced, "ttft_s": answer.stats.ttft_s, "latency_s": latency,
                "reasoned": bool(answer.route and answer.route.reason)}

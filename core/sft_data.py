@@ -54,13 +54,23 @@ def math_example(row: dict) -> SftExample:
                       row["answer"])
 
 
+def trace_example(row: dict) -> SftExample:
+    final = str(row["answer"]).strip()
+    return SftExample(str(row["question"]).strip(), str(row["thinking"]).strip(), f"The answer is \\boxed{{{final}}}.",
+                      final)
+
+
 def example_from_row(row: dict) -> SftExample:
-    """GSM8K rows have `question`/`answer` with '####'; MATH rows have `problem`/`solution`/`answer`."""
+    """GSM8K rows have `question`/`answer` with '####'; MATH rows have `problem`/`solution`/`answer`; trace rows
+    (your own reasoning, e.g. distilled from a stronger model) have `question`, `thinking` and a final `answer`."""
+    if "question" in row and "thinking" in row and "answer" in row:
+        return trace_example(row)
     if "question" in row and "####" in str(row.get("answer", "")):
         return gsm8k_example(row)
     if "problem" in row and "solution" in row:
         return math_example(row)
-    raise ValueError("rows need GSM8K (question, answer with '#### n') or MATH (problem, solution, answer) fields")
+    raise ValueError("rows need GSM8K (question, answer with '#### n'), MATH (problem, solution, answer) or trace "
+                     "(question, thinking, answer) fields")
 
 
 def load_examples(paths: list[Path], limit: int, seed: int = 0, max_chars: int = 900) -> list[SftExample]:
@@ -92,3 +102,22 @@ def encode_example(tokenizer, ex: SftExample) -> tuple[list[int], list[int]]:
     response = tokenizer(response_text, add_special_tokens=False)["input_ids"]
     response.append(tokenizer.convert_tokens_to_ids("<|im_end|>"))
     return prompt, response
+
+
+def traces_from_eval(rows: list[dict], questions: dict[int, tuple[str, str]]) -> list[dict]:
+    """Trace rows (question, thinking, answer) from the *correct* rows of a `ponder eval --out` file, so a model's
+    own right answers become training data (self-distillation / rejection sampling). `questions` maps a row's
+    index to (question, gold answer). A base-mode answer's text is its reasoning; its `\\boxed{x}` becomes `x`."""
+    from .voting import last_boxed
+
+    traces = []
+    for row in rows:
+        if not row.get("correct") or row.get("index") not in questions or "text" not in row:
+            continue
+        question, gold = questions[row["index"]]
+        thinking = row.get("thinking") or row["text"]
+        boxed = last_boxed(thinking)
+        if boxed is not None:
+            thinking = thinking.replace(f"\\boxed{{{boxed}}}", boxed)
+        traces.append({"question": question, "thinking": thinking.strip(), "answer": gold})
+    return traces

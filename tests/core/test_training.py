@@ -8,7 +8,7 @@ import torch
 from core import adapters
 from core.cache import new_cache
 from core.config import SftArgs
-from core.sft_data import encode_example, example_from_row, gsm8k_example
+from core.sft_data import encode_example, example_from_row, gsm8k_example, traces_from_eval
 from core.training import masked_lora_loss, train_sft
 from tests.tiny import make_model, make_tokenizer
 
@@ -23,6 +23,17 @@ def test_gsm8k_rewrite_strips_calculator_and_boxes_answer():
     assert math_ex.gold == "2"
     with pytest.raises(ValueError):
         example_from_row({"instruction": "hi"})
+
+
+def test_correct_eval_answers_become_trace_rows_for_sft():
+    rows = [{"index": 0, "correct": True, "text": "48/2 = 24, 48+24 = 72. So \\boxed{72}.", "thinking": ""},
+            {"index": 1, "correct": False, "text": "\\boxed{5}", "thinking": ""},
+            {"index": 2, "correct": True, "text": "The answer is 9.", "thinking": "3*3 = 9"}]
+    traces = traces_from_eval(rows, {0: ("Q0", "72"), 1: ("Q1", "6"), 2: ("Q2", "9")})
+    assert traces == [{"question": "Q0", "thinking": "48/2 = 24, 48+24 = 72. So 72.", "answer": "72"},
+                      {"question": "Q2", "thinking": "3*3 = 9", "answer": "9"}]
+    ex = example_from_row(traces[0])  # trace rows are an SFT data format of their own
+    assert ex.thinking.endswith("So 72.") and ex.answer == "The answer is \\boxed{72}." and ex.gold == "72"
 
 
 def test_prompt_opens_the_trace_and_response_closes_it_and_ends_turn():
