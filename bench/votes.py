@@ -40,6 +40,18 @@ def accuracy_at(questions: list[dict], k: int) -> dict:
     return out
 
 
+def score_auc(questions: list[dict]) -> float | None:
+    """AUC of the verifier scores over every candidate: P(a right answer outscores a wrong one); None without
+    scores or without both kinds of answer."""
+    scored = [c for q in questions for c in q["candidates"] if c["score"] is not None]
+    pos = [c["score"] for c in scored if c["correct"]]
+    neg = [c["score"] for c in scored if not c["correct"]]
+    if not pos or not neg:
+        return None
+    wins = sum((p > n) + 0.5 * (p == n) for p in pos for n in neg)
+    return wins / (len(pos) * len(neg))
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.votes")
     p.add_argument("result", type=Path, help="a `ponder eval --parallel N --out` JSON file")
@@ -52,7 +64,9 @@ def main(argv=None) -> int:
     ks = [k for k in (1, 2, 4, 8) if k <= n_cand]
     table = {k: accuracy_at(questions, k) for k in ks}
     name = args.result.stem.removeprefix("eval_")
-    result = {"source": args.result.name, "n": len(questions), "data": data.get("data"), "by_k": table}
+    auc = score_auc(questions)
+    result = {"source": args.result.name, "n": len(questions), "data": data.get("data"), "verifier_auc": auc,
+              "by_k": table}
     out = args.result.parent
     (out / f"votes_{name}.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [f"Voting from `{args.result.name}` ({len(questions)} questions), disjoint groups of k candidates:", "",
@@ -60,6 +74,8 @@ def main(argv=None) -> int:
     for k, row in table.items():
         lines.append(f"| {k} | {row[f'majority@{k}']:.1%} | {row[f'weighted@{k}']:.1%} | {row[f'best@{k}']:.1%} "
                      f"| {row[f'pass@{k}']:.1%} |")
+    if auc is not None:
+        lines += ["", f"Verifier AUC over all {sum(len(q['candidates']) for q in questions)} candidates: {auc:.3f}"]
     (out / f"votes_{name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -47,7 +47,7 @@ def test_bad_method_rejected():
 def test_voting_at_k_from_saved_candidates(tmp_path):
     import json
 
-    from bench.votes import accuracy_at, main
+    from bench.votes import accuracy_at, main, score_auc
 
     def cand(answer, score, correct):
         return {"answer": answer, "score": score, "correct": correct}
@@ -73,3 +73,7 @@ def test_voting_at_k_from_saved_candidates(tmp_path):
     assert main([str(saved)]) == 0
     written = json.loads((tmp_path / "votes_demo.json").read_text())
     assert written["n"] == 1 and written["by_k"]["8"]["pass@8"] == 1.0
+    # right answers score 0.1, 0.2, 0.1; wrong ones 0.6, 0.1, 0.9, 0.1 (the unscored one is left out):
+    # 0.2 beats both 0.1s, and the four 0.1-vs-0.1 ties count half -> 4 of 12 pairs
+    assert written["verifier_auc"] == pytest.approx(4 / 12)
+    assert score_auc([q]) == 1.0 and score_auc([{"candidates": [cand("1", None, True)]}]) is None
