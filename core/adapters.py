@@ -11,11 +11,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import types
 from pathlib import Path
 
-import torch
-import torch.nn.functional as F
 from torch import nn
 
 ADAPTER_NAME = "reason"
@@ -46,38 +43,7 @@ def load_adapter(model: nn.Module, folder: Path, trainable: bool = False):
     peft_model = PeftModel.from_pretrained(model, str(folder), adapter_name=ADAPTER_NAME, is_trainable=trainable)
     if not trainable:
         peft_model.eval()
-        use_lean_forward(peft_model)
     return peft_model
-
-
-def _lean_lora_forward(self, x, *args, **kwargs):
-    """peft's LoRA Linear forward for plain inference, minus its per-call bookkeeping (argument checks, variant
-    dispatch, three submodule calls). Same operations in the same order, so the same numbers; anything else
-    (training, gradients, merged or mixed-batch adapters, extra arguments) takes peft's own path."""
-    if args or kwargs or self.training or self.merged or torch.is_grad_enabled() or self.lora_variant:
-        return type(self).forward(self, x, *args, **kwargs)
-    result = self.base_layer(x)
-    if self.disable_adapters:
-        return result
-    dtype = result.dtype
-    for name in self.active_adapters:
-        if name in self.lora_A:
-            a = self.lora_A[name].weight
-            h = x if x.dtype == a.dtype else x.to(a.dtype)
-            result = result + F.linear(F.linear(h, a), self.lora_B[name].weight) * self.scaling[name]
-    return result.to(dtype)
-
-
-def use_lean_forward(model: nn.Module) -> int:
-    """Give every LoRA Linear of an inference model the lean forward (decode calls it ~170 times a token)."""
-    from peft.tuners.lora.layer import Linear as LoraLinear
-
-    count = 0
-    for module in model.modules():
-        if type(module) is LoraLinear and all(b.bias is None for b in module.lora_B.values()):
-            module.forward = types.MethodType(_lean_lora_forward, module)
-            count += 1
-    return count
 
 
 def is_adapted(model: nn.Module) -> bool:

@@ -66,7 +66,7 @@ def write_tiny_hf(folder: Path) -> Path:
     return folder
 
 
-def make_reasoning_engine(vocab_size: int = 448, lean: bool = True):
+def make_reasoning_engine(vocab_size: int = 448):
     """An Engine on the tiny model with a random (non-zero) reasoning adapter attached."""
     from core import adapters
     from core.engine import Engine
@@ -77,6 +77,4 @@ def make_reasoning_engine(vocab_size: int = 448, lean: bool = True):
             if p.requires_grad:
                 torch.nn.init.normal_(p, std=0.05)
     model.eval()
-    if lean:  # as a loaded adapter decodes
-        adapters.use_lean_forward(model)
     return Engine(model, make_tokenizer(), model_id="tiny", context=512, adapter_name="reason")

@@ -102,25 +102,3 @@ def test_think_longer_continues_on_the_same_cache(reasoning_engine):
 def test_reason_mode_without_adapter_is_a_clear_error(tiny_engine):
     with pytest.raises(ValueError, match="adapter"):
         tiny_engine.generate("hi", GREEDY, mode="reason")
-
-
-def test_lean_lora_forward_gives_peft_numbers_and_leaves_training_to_peft():
-    import torch
-
-    from core import adapters
-
-    model = make_reasoning_engine(lean=False).model
-    ids = torch.randint(5, 400, (2, 9))
-    with torch.inference_mode():
-        peft_logits = model(input_ids=ids).logits
-        with adapters.base(model):
-            base_logits = model(input_ids=ids).logits
-    assert adapters.use_lean_forward(model) > 0
-    with torch.inference_mode():
-        assert torch.equal(model(input_ids=ids).logits, peft_logits)
-        with adapters.base(model):
-            assert torch.equal(model(input_ids=ids).logits, base_logits)
-    model.train()  # gradients take peft's own path, dropout included
-    model(input_ids=ids).logits.float().pow(2).mean().backward()
-    lora_grads = [p.grad for n, p in model.named_parameters() if "lora_" in n]
-    assert lora_grads and all(g is not None for g in lora_grads)
