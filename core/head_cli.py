@@ -11,7 +11,7 @@ from .datasets import load_items
 
 
 def main(argv: list[str]) -> int:
-    from .head_training import train_switcher, train_verifier, verifier_data
+    from .head_training import SAMPLING_TEMPERATURE, SAMPLING_TOP_P, train_switcher, train_verifier, verifier_data
     from .loading import load_engine
 
     what, rest = argv[0], argv[1:]
@@ -58,9 +58,9 @@ def main(argv: list[str]) -> int:
 
                 save_file({"x": x.contiguous(), "y": y.contiguous(), "groups": groups.contiguous()},
                           str(args.features_cache))
-        source = {"data": [f"{Path(f).parent.name}/{Path(f).name}" for f in args.data], "questions": args.questions,
-                  "samples": args.samples,
-                  "budget": args.budget, "seed": args.seed, "temperature": 0.7, "top_p": 0.95,
+        source = {"data": [f"{Path(f).parent.name}/{Path(f).name}" for f in args.data],
+                  "questions": args.questions, "samples": args.samples, "budget": args.budget, "seed": args.seed,
+                  "temperature": SAMPLING_TEMPERATURE, "top_p": SAMPLING_TOP_P,
                   "command": " ".join(["ponder", "train", what, *rest])}
         metrics = train_verifier(x, y, groups, args.out, hidden_size=x.shape[1], model_id=engine.model_id, seed=args.seed,
                                  source=source)

@@ -113,15 +113,19 @@ class _Capture:
         return out
 
 
+SAMPLING_TEMPERATURE, SAMPLING_TOP_P = 0.7, 0.95
+"""How verifier training answers are sampled (as `ponder eval --parallel` samples)."""
+
+
 def verifier_data(engine, items: list[Item], *, samples: int = 4, budget: int = 256, answer_max_tokens: int = 128,
-                  temperature: float = 0.7, seed: int = 0, report=print):
+                  temperature: float = SAMPLING_TEMPERATURE, seed: int = 0, report=print):
     """Sample `samples` reasoning answers per question; label each by math-verify against the gold answer."""
     capture, saved = _Capture(), engine.verifier
     engine.verifier = capture
     feats, labels, groups = [], [], []
     try:
         for k, item in enumerate(items):
-            cfg = SamplingConfig(temperature=temperature, top_p=0.95, top_k=0, repetition_penalty=1.0, seed=seed + k)
+            cfg = SamplingConfig(temperature=temperature, top_p=SAMPLING_TOP_P, top_k=0, repetition_penalty=1.0, seed=seed + k)
             answer = None
             for event in stream_parallel(engine, item.prompt, cfg, n=samples, mode="reason", budget=budget,
                                          answer_max_tokens=answer_max_tokens):
