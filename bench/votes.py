@@ -3,7 +3,7 @@
 `ponder eval --parallel 8 --out FILE` keeps every question's candidates (final answer, verifier score,
 correctness). Splitting each question's 8 candidates into disjoint groups of k and voting inside each group gives
 majority@k, weighted@k (summed verifier scores) and best-of-k (highest score), averaged over the 8/k groups, plus
-pass@k. `python -m bench.votes bench/results/eval_gsm8k_reason_par8.json` writes `votes_<name>.json` and `.md`.
+pass@k. `python -m bench.votes bench/results/eval_math500_reason_par8.json` writes `votes_<name>.json` and `.md`.
 """
 from __future__ import annotations
 
