@@ -1,15 +1,21 @@
-"""Final answers and votes: extract each stream's answer, normalise it, and combine N candidates.
+"""Final answers, scoring and votes: extract each stream's answer, check it against a gold answer, combine N candidates.
 
-Pure functions over text and scores. `\\boxed{}` wins over the last number; math-verify decides equality, so
-"0.5", "\\frac{1}{2}" and "1/2" land in one bucket. An unparsable answer gets no vote.
+Pure functions over text and scores. math-verify reads the whole response with its own LaTeX/expression extraction
+(`\\boxed{}` first, then "final answer: ..." anchors, then the last expression) and decides equality, gold first:
+`verify(gold, answer)`. The last number of a text counts only against a GSM8K-style integer gold, and only when
+math-verify finds no answer at all. An unparsable answer gets no vote.
 """
 from __future__ import annotations
 
+import math
 import re
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+INTEGER = re.compile(r"-?\d+")
+"""A GSM8K-style gold answer (commas already removed)."""
 
 
 def last_boxed(text: str) -> str | None:
@@ -25,42 +31,68 @@ def last_boxed(text: str) -> str | None:
     return text[i:j - 1].strip() if depth == 0 else None
 
 
-def extract_answer(text: str) -> str | None:
-    """The final answer of a response: the last \\boxed{}, else the last number; None if there is neither."""
-    boxed = last_boxed(text)
-    if boxed:
-        return boxed
+def last_number(text: str) -> str | None:
     numbers = NUMBER.findall(text)
     return numbers[-1].replace(",", "").rstrip(".") if numbers else None
 
 
-def _parsed(answer: str):
-    from math_verify import parse
+def _timeout() -> int | None:
+    """math-verify times out with SIGALRM, which works on the main thread only; worker threads go without."""
+    return 5 if threading.current_thread() is threading.main_thread() else None
 
+
+def _parse(text: str, *, gold: bool = False) -> list:
+    """math-verify's extraction of `text` ([sympy object, source string], or [] when it finds nothing)."""
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse
+
+    config = [LatexExtractionConfig(), ExprExtractionConfig()]
     try:
-        return parse(f"${answer}$") or parse(answer)
+        if gold:  # a reference answer is bare LaTeX ("\\frac{1}{2}", "(3, \\pi)"): read it as one expression
+            return parse(f"${text}$", config, parsing_timeout=_timeout()) or parse(text, config,
+                                                                                  parsing_timeout=_timeout())
+        return parse(text, config, parsing_timeout=_timeout())
     except Exception:  # math-verify raises on odd LaTeX: treat as unparsable
         return []
 
 
-def same_answer(a: str, b: str) -> bool:
-    if a.strip() == b.strip():
-        return True
+def _verify(gold: list, answer: list) -> bool:
     from math_verify import verify
 
-    pa, pb = _parsed(a), _parsed(b)
-    if not pa or not pb:
-        return False
     try:
-        return bool(verify(pa, pb))
+        return bool(gold and answer and verify(gold, answer, timeout_seconds=_timeout()))
     except Exception:
         return False
 
 
-def is_correct(response_or_answer: str, gold: str) -> bool:
-    """Does the response's final answer equal the gold answer (math-verify equivalence)?"""
-    answer = extract_answer(response_or_answer)
-    return answer is not None and same_answer(answer, gold.replace(",", ""))
+def extract_answer(text: str) -> str | None:
+    """The final answer of a response as the scorer reads it: the last \\boxed{}, else math-verify's extraction,
+    else the last number; None if there is none."""
+    boxed = last_boxed(text)
+    if boxed:
+        return boxed
+    parsed = _parse(text)
+    if parsed and isinstance(parsed[-1], str) and parsed[-1].strip():
+        return parsed[-1].strip().rstrip(".").strip()
+    return last_number(text)
+
+
+def same_answer(reference: str, answer: str) -> bool:
+    """Do two extracted answers agree? `reference` (a vote bucket's first answer) is read as the gold."""
+    if reference.strip() == answer.strip():
+        return True
+    return _verify(_parse(reference, gold=True), _parse(answer, gold=True))
+
+
+def is_correct(response: str, gold: str) -> bool:
+    """Is the response's answer the gold one? math-verify on the whole text, `verify(gold, answer)`; for an
+    integer gold (GSM8K) a text in which math-verify finds no answer is judged by its last number."""
+    gold = gold.strip()
+    integer_gold = INTEGER.fullmatch(gold.replace(",", "")) is not None
+    answer = _parse(response)
+    if answer:
+        return _verify(_parse(gold.replace(",", "") if integer_gold else gold, gold=True), answer)
+    number = last_number(response) if integer_gold else None
+    return number is not None and _verify(_parse(gold.replace(",", ""), gold=True), _parse(number, gold=True))
 
 
 @dataclass(frozen=True)
@@ -69,18 +101,27 @@ class Vote:
     winner_index: int | None
     """Index of the first candidate holding the winning answer (its text becomes the reply)."""
     table: tuple[tuple[str, float, int], ...]
-    """(answer, summed weight, number of votes), best first."""
+    """(answer, summed weight, number of votes), best first by the method's key, then first seen."""
     method: str
+    tie: bool = False
+    """Several answers shared the top: the earliest candidate's answer won."""
+    tied: tuple[str, ...] = ()
+    """The answers sharing the top (in order of first appearance) when `tie`; else empty."""
+
+
+def _equal(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
 
 
 def vote(answers: Sequence[str | None], weights: Sequence[float] | None = None, method: str = "weighted") -> Vote:
-    """Weighted majority (argmax of summed verifier scores), plain majority, or best-of-N (highest score)."""
+    """Plain majority (most votes), weighted majority (largest summed verifier score) or best-of-N (highest single
+    score). Every tie goes to the earliest candidate and is reported."""
     if method not in ("weighted", "majority", "best"):
         raise ValueError("method must be weighted, majority or best")
     weights = list(weights) if weights is not None else [1.0] * len(answers)
     if len(weights) != len(answers):
         raise ValueError("one weight per answer")
-    buckets: list[list] = []  # [representative answer, weight, count, first index]
+    buckets: list[list] = []  # [answer, summed weight, votes, first index, best single weight, its first index]
     for i, (ans, w) in enumerate(zip(answers, weights, strict=True)):
         if ans is None:
             continue
@@ -88,18 +129,20 @@ def vote(answers: Sequence[str | None], weights: Sequence[float] | None = None, 
             if same_answer(b[0], ans):
                 b[1] += w
                 b[2] += 1
+                if w > b[4] and not _equal(w, b[4]):
+                    b[4], b[5] = w, i
                 break
         else:
-            buckets.append([ans, w, 1, i])
+            buckets.append([ans, w, 1, i, w, i])
     if not buckets:
         return Vote(None, None, (), method)
-    if method == "best":
-        best = max((i for i, a in enumerate(answers) if a is not None), key=lambda i: weights[i])
-        bucket = next(b for b in buckets if same_answer(b[0], answers[best]))
-        winner, index = bucket[0], best
+    if method == "best":  # the reply is the highest-scored candidate itself, not its bucket's first member
+        value, first = (lambda b: b[4]), (lambda b: b[5])
     else:
-        key = (lambda b: (b[2], b[1])) if method == "majority" else (lambda b: (b[1], b[2]))
-        top = max(buckets, key=key)
-        winner, index = top[0], top[3]
-    table = tuple((b[0], round(b[1], 4), b[2]) for b in sorted(buckets, key=lambda b: (-b[1], -b[2])))
-    return Vote(winner, index, table, method)
+        value, first = ((lambda b: b[2]) if method == "majority" else (lambda b: b[1])), (lambda b: b[3])
+    top = max(value(b) for b in buckets)
+    leaders = sorted((b for b in buckets if _equal(value(b), top)), key=first)
+    ranked = sorted(buckets, key=lambda b: (-value(b), first(b)))
+    table = tuple((b[0], round(b[1], 4), b[2]) for b in ranked)
+    tie = len(leaders) > 1
+    return Vote(leaders[0][0], first(leaders[0]), table, method, tie, tuple(b[0] for b in leaders) if tie else ())

@@ -1,17 +1,71 @@
+import threading
+
 import pytest
 
 from core.voting import extract_answer, is_correct, last_boxed, same_answer, vote
+
+# Real answers from bench/results/eval_math500_reason_greedy.json that the old scorer (last \\boxed{} or else the
+# last number, handed to math-verify in the wrong order) counted as right.
+MATH500_Q34 = (  # gold "2": the final answer is an expression; only the trailing code's last number is 2
+    "Final answer: 4\\cos^2 A + (\\tan A)^2\n\nLet's confirm this by using Python and sympy.\n\n```python\n"
+    "import sympy as sp\n\n# Define the variable\ntan_A = sp.symbols('tan_A')\n\n# Given information\n"
+    "sin_A = 2 * sp.cos(tan_A)\n\n# Pythagorean identity\nh_squared = sin_A**2 + (tan_A)**2\n\n"
+    "# Simplify the expression\nh_squared_simplified = sp.simplify(h_squared)\n\n"
+    "# Substitute the simplified expression for h^2\n"
+    "h_squared_simplified = h_squared_simplified.subs(sin_A, 2 *")
+MATH500_Q61 = "Final answer: 1/3."  # gold "3"
 
 
 def test_extract_prefers_last_boxed_with_nested_braces():
     assert last_boxed("a \\boxed{1} then \\boxed{\\frac{1}{2}}") == "\\frac{1}{2}"
     assert extract_answer("so 12 apples, total 1,234.") == "1234"
     assert extract_answer("no digits") is None
+    assert extract_answer(MATH500_Q61) == "1/3"  # not the last number, 3
 
 
 def test_equivalent_answers_share_a_bucket():
     assert same_answer("0.5", "\\frac{1}{2}") and same_answer("72", "72.0") and not same_answer("3", "4")
     assert is_correct("The answer is \\boxed{391}.", "391") and not is_correct("It is 390", "391")
+
+
+def test_saved_false_positives_score_wrong():
+    assert not is_correct(MATH500_Q34, "2")
+    assert not is_correct(MATH500_Q61, "3")
+    assert not is_correct("Final answer: 1/3.", "3") and is_correct("Final answer: 1/3.", "\\frac{1}{3}")
+
+
+def test_true_positives_score_right():
+    assert is_correct("So the result is \\boxed{\\frac{1}{2}}.", "0.5")
+    assert is_correct("The answer is 0.5", "\\frac{1}{2}")
+    assert is_correct("The answer is 18.", "18")  # GSM8K
+    assert is_correct("She pays $1,234 in total.", "1234")
+    assert is_correct("The answer is \\boxed{(3, \\frac{\\pi}{2})}", "\\left( 3, \\frac{\\pi}{2} \\right)")
+    assert not is_correct("The answer is \\boxed{(3, 0)}", "\\left( 3, \\frac{\\pi}{2} \\right)")
+
+
+def test_gold_is_read_as_gold():
+    """math-verify is not symmetric: `verify(gold, answer)` compares a relation with a set only when the answer
+    is the set."""
+    assert is_correct("\\boxed{(1, 2)}", "1 < x < 2") and not is_correct("\\boxed{1 < x < 2}", "(1, 2)")
+    assert is_correct("\\boxed{2}", "x = 2")
+
+
+def test_last_number_only_for_integer_golds_when_math_verify_finds_nothing():
+    from core.voting import _parse
+
+    text = "So each ticket costs $$18"  # "$$" opens display math that never closes: math-verify extracts nothing
+    assert _parse(text) == [] and is_correct(text, "18") and not is_correct(text, "17")
+    assert not is_correct(text, "18.0") and not is_correct("no answer here", "18")
+
+
+def test_scoring_works_off_the_main_thread():
+    """The app votes on a worker thread, where math-verify's SIGALRM timeout cannot run."""
+    out = {}
+    worker = threading.Thread(target=lambda: out.update(same=same_answer("0.5", "\\frac{1}{2}"),
+                                                        right=is_correct("\\boxed{\\frac{1}{2}}", "0.5")))
+    worker.start()
+    worker.join()
+    assert out == {"same": True, "right": True}
 
 
 def test_weighted_vote_beats_majority_when_scores_disagree():
@@ -36,7 +90,31 @@ def test_unparsable_answers_get_no_vote():
 
 def test_tie_goes_to_the_first_seen_answer():
     v = vote(["a1", "b2"], [0.5, 0.5], "majority")
-    assert v.winner == "a1"
+    assert v.winner == "a1" and v.tie and v.tied == ("a1", "b2")
+
+
+def test_majority_is_plain_and_ties_are_reported():
+    """Majority counts votes only; a tie goes to the earliest candidate whatever the verifier says."""
+    four = vote(["1200", "900", "1000", "1100"], [0.1, 0.4, 0.9, 0.3], "majority")
+    assert four.winner == "1200" and four.winner_index == 0 and four.tie
+    assert four.tied == ("1200", "900", "1000", "1100")
+    weighted = vote(["1200", "900", "1000", "1100"], [0.1, 0.4, 0.9, 0.3], "weighted")
+    assert weighted.winner == "1000" and weighted.winner_index == 2 and not weighted.tie and weighted.tied == ()
+    # 2-2 tie on votes: the verifier's summed weight (0.3 vs 1.2) must not break it for majority
+    split = vote(["5", "4", "5", "4"], [0.1, 0.9, 0.2, 0.3], "majority")
+    assert split.winner == "5" and split.winner_index == 0 and split.tie and split.tied == ("5", "4")
+    assert vote(["5", "4", "5", "4"], [0.1, 0.9, 0.2, 0.3], "weighted").winner == "4"
+    clear = vote(["5", "4", "5"], [0.1, 0.9, 0.2], "majority")
+    assert clear.winner == "5" and not clear.tie and clear.table[0] == ("5", 0.3, 2)
+
+
+def test_weighted_and_best_ties_go_to_the_earliest_candidate():
+    v = vote(["3", "4", "4"], [0.6, 0.3, 0.3], "weighted")
+    assert v.winner == "3" and v.tie and v.tied == ("3", "4")
+    best = vote(["3", "4", "3"], [0.2, 0.7, 0.7], "best")
+    assert best.winner == "4" and best.winner_index == 1 and best.tie and best.tied == ("4", "3")
+    top = vote(["3", "4", "3"], [0.2, 0.5, 0.7], "best")
+    assert top.winner == "3" and top.winner_index == 2 and not top.tie
 
 
 def test_bad_method_rejected():
@@ -55,18 +133,18 @@ def test_voting_at_k_from_saved_candidates(tmp_path):
     # Four candidates: the right answer "4" is the minority but carries the higher verifier scores.
     q = {"candidates": [cand("5", 0.1, False), cand("4", 0.9, True), cand("5", 0.2, False), cand("4", 0.3, True)]}
     at4 = accuracy_at([q], 4)
-    # majority ties 2-2 and breaks on summed weight (1.2 for "4" vs 0.3 for "5"): "4" wins every method
-    assert at4 == {"majority@4": 1.0, "weighted@4": 1.0, "best@4": 1.0, "pass@4": 1.0}
-    at2 = accuracy_at([q], 2)  # groups (5, 4) and (5, 4): majority ties at one vote each, weight decides
-    assert at2 == {"majority@2": 1.0, "weighted@2": 1.0, "best@2": 1.0, "pass@2": 1.0}
+    # majority ties 2-2 and goes to the earliest candidate ("5", wrong); weighted: 1.2 for "4" vs 0.3 for "5"
+    assert at4 == {"majority@4": 0.0, "weighted@4": 1.0, "best@4": 1.0, "pass@4": 1.0}
+    at2 = accuracy_at([q], 2)  # groups (5, 4) and (5, 4): majority ties at one vote each, the first ("5") wins
+    assert at2 == {"majority@2": 0.0, "weighted@2": 1.0, "best@2": 1.0, "pass@2": 1.0}
     at1 = accuracy_at([q], 1)  # single samples: half are right
     assert at1 == {"majority@1": 0.5, "weighted@1": 0.5, "best@1": 0.5, "pass@1": 0.5}
 
     q2 = {"candidates": [cand("7", 0.1, True), cand("8", 0.6, False), cand("8", 0.1, False), cand("7", 0.2, True),
                          cand("7", 0.1, True), cand(None, None, False), cand("9", 0.9, False), cand("8", 0.1, False)]}
     at8 = accuracy_at([q2], 8)
-    # majority: 7 and 8 have 3 votes each; summed weight 0.4 vs 0.8 -> 8 (wrong). weighted: 8 (0.8) vs 9 (0.9) -> 9.
-    assert at8 == {"majority@8": 0.0, "weighted@8": 0.0, "best@8": 0.0, "pass@8": 1.0}
+    # majority: 7 and 8 have 3 votes each, 7 comes first -> 7 (right). weighted: 8 (0.8) vs 9 (0.9) -> 9.
+    assert at8 == {"majority@8": 1.0, "weighted@8": 0.0, "best@8": 0.0, "pass@8": 1.0}
 
     saved = tmp_path / "eval_demo.json"
     saved.write_text(json.dumps({"data": "demo.jsonl", "questions": [q2, {"index": 1}]}))
