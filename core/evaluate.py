@@ -19,7 +19,7 @@ from .decode import prefill
 from .events import DoneEvent
 from .parallel import stream_parallel
 from .prompts import reasoning_system
-from .voting import is_correct, vote
+from .voting import is_correct, score_candidates
 
 
 def run_one(engine, item, args, sampling):
@@ -83,14 +83,9 @@ def evaluate(engine, items, args) -> dict:
                "budget_forced": answer.budget_forced, "ttft_s": answer.stats.ttft_s, "latency_s": latency,
                "reasoned": bool(answer.route and answer.route.reason)}
         if answer.candidates:
-            finals = [c.final_answer for c in answer.candidates]
-            scores = [c.score if c.score is not None else 1.0 for c in answer.candidates]
-            for method in ("weighted", "majority", "best"):
-                v = vote(finals, scores, method)
-                row[f"correct_{method}"] = v.winner is not None and is_correct(f"\\boxed{{{v.winner}}}", item.gold)
-            row["candidates"] = [{"answer": c.final_answer, "score": c.score, "correct": is_correct(c.text, item.gold),
-                                  "thinking_tokens": c.thinking_tokens} for c in answer.candidates]
-            row["pass_at_n"] = any(c["correct"] for c in row["candidates"])
+            row.update(score_candidates([{"answer": c.final_answer, "score": c.score, "text": c.text,
+                                          "thinking": c.thinking, "thinking_tokens": c.thinking_tokens}
+                                         for c in answer.candidates], item.gold))
         rows.append(row)
         if getattr(args, "out", None):  # a long run stopped early keeps what it measured
             write_json(args.out, {**summarize(engine, rows, args, batch), "partial": len(rows) < len(items),

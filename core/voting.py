@@ -146,3 +146,19 @@ def vote(answers: Sequence[str | None], weights: Sequence[float] | None = None, 
     table = tuple((b[0], round(b[1], 4), b[2]) for b in ranked)
     tie = len(leaders) > 1
     return Vote(leaders[0][0], first(leaders[0]), table, method, tie, tuple(b[0] for b in leaders) if tie else ())
+
+
+METHODS = ("weighted", "majority", "best")
+
+
+def score_candidates(candidates: list[dict], gold: str) -> dict:
+    """Per-question fields of a parallel answer from its candidates ({"answer", "score", "text", ...}): each
+    candidate's correctness (from its full text), each method's pick and correctness, ties, and pass@N."""
+    rows = [{**c, "correct": is_correct(c["text"], gold)} for c in candidates]
+    out: dict = {"candidates": rows, "pass_at_n": any(c["correct"] for c in rows)}
+    scores = [1.0 if c["score"] is None else c["score"] for c in rows]
+    for method in METHODS:
+        v = vote([c["answer"] for c in rows], scores, method)
+        out[f"correct_{method}"] = v.winner_index is not None and rows[v.winner_index]["correct"]
+        out[f"tie_{method}"] = v.tie
+    return out

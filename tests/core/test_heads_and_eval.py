@@ -12,6 +12,7 @@ from core.evaluate import evaluate
 from core.head_training import train_switcher, train_verifier, verifier_data
 from core.router import Router
 from core.verifier import Verifier
+from core.voting import is_correct
 from tests.tiny import make_model, make_tokenizer
 
 
@@ -65,6 +66,10 @@ def test_evaluate_reports_the_agreed_fields(engine, tmp_path):
     first = saved["questions"][0]  # per-question rows, each candidate with its answer, score and correctness
     assert first["index"] == 0 and len(first["candidates"]) == args.parallel
     assert first["pass_at_n"] == any(c["correct"] for c in first["candidates"])
+    for c in first["candidates"]:  # each candidate's full text is saved, so the run can be audited and re-scored
+        assert isinstance(c["text"], str) and isinstance(c["thinking"], str)
+        assert c["correct"] == is_correct(c["text"], items[0].gold)
+    assert {"tie_majority", "tie_weighted", "tie_best"} <= first.keys()
     for key in ("n", "accuracy", "mean_thinking_tokens", "mean_answer_tokens", "budget_forced_share",
                 "mean_latency_s", "accuracy_weighted", "accuracy_majority", "pass_at_n"):
         assert key in out

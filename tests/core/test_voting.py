@@ -2,7 +2,7 @@ import threading
 
 import pytest
 
-from core.voting import extract_answer, is_correct, last_boxed, same_answer, vote
+from core.voting import extract_answer, is_correct, last_boxed, same_answer, score_candidates, vote
 
 # Real answers from bench/results/eval_math500_reason_greedy.json that the old scorer (last \\boxed{} or else the
 # last number, handed to math-verify in the wrong order) counted as right.
@@ -155,3 +155,15 @@ def test_voting_at_k_from_saved_candidates(tmp_path):
     # 0.2 beats both 0.1s, and the four 0.1-vs-0.1 ties count half -> 4 of 12 pairs
     assert written["verifier_auc"] == pytest.approx(4 / 12)
     assert score_auc([q]) == 1.0 and score_auc([{"candidates": [cand("1", None, True)]}]) is None
+
+
+def test_candidates_are_scored_from_their_text():
+    """A vote's correctness is that of the candidate it picks, judged on that candidate's full text."""
+    cands = [{"answer": "3", "score": 0.2, "text": MATH500_Q61}, {"answer": "4", "score": 0.9, "text": "\\boxed{4}"},
+             {"answer": "3", "score": 0.1, "text": "so \\boxed{3}"}]
+    out = score_candidates(cands, "3")
+    assert [c["correct"] for c in out["candidates"]] == [False, False, True] and out["pass_at_n"]
+    assert out["candidates"][0]["text"] == MATH500_Q61
+    # majority picks candidate 0 ("3" bucket, text says 1/3): wrong although its bucket holds a right answer
+    assert out["correct_majority"] is False and out["correct_weighted"] is False and out["correct_best"] is False
+    assert out["tie_majority"] is False and out["tie_weighted"] is False
