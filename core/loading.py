@@ -77,19 +77,43 @@ def load_model(model: InstalledModel, cfg: EngineConfig, progress: Progress | No
     return qmodel
 
 
-def find_component(installed: InstalledModel, kind: str) -> Path | None:
-    """A user-trained component in the model's folder wins over the one shipped in resources/."""
+def component_dirs(installed: InstalledModel, kind: str) -> list[Path]:
+    """Folders holding a component of this kind, best first: the user's (model folder), then the shipped one."""
+    found = []
     for base in (installed.folder / "components", resource_dir() / "components" / installed.id):
         folder = base / kind
         if (folder / "adapter_model.safetensors").is_file() or (folder / "head.json").is_file():
-            return folder
+            found.append(folder)
+    return found
+
+
+def find_component(installed: InstalledModel, kind: str) -> Path | None:
+    """A user-trained component in the model's folder wins over the one shipped in resources/."""
+    found = component_dirs(installed, kind)
+    return found[0] if found else None
+
+
+def load_head_component(installed: InstalledModel, kind: str, load: Callable[[Path], object],
+                        warnings: list[str]):
+    """The first of the component's folders that loads; a damaged one is skipped with a warning in `warnings`
+    (user-visible) and the log, falling back to the shipped one, else to none."""
+    dirs = component_dirs(installed, kind)
+    for i, folder in enumerate(dirs):
+        try:
+            return load(folder)
+        except Exception as err:  # corrupt JSON/safetensors, wrong shapes: never fatal
+            fallback = "the shipped one" if i + 1 < len(dirs) else f"no {kind}"
+            msg = f"The {kind} in {folder} could not be loaded ({type(err).__name__}: {err}); using {fallback}."
+            log.warning("%s", msg)
+            warnings.append(msg)
     return None
 
 
 def load_engine(cfg: EngineConfig | None = None, store: ModelStore | None = None,
                 progress: Progress | None = None, reasoning: bool = True) -> Engine:
     """Everything needed to answer: check memory, load weights at the precision, attach the reasoning adapter,
-    switcher and verifier when the model has them, wrap in an Engine."""
+    switcher and verifier when the model has them, wrap in an Engine. `engine.warnings` lists what the user
+    should be told (e.g. a damaged head that was skipped)."""
     cfg = cfg or EngineConfig()
     store = store or ModelStore()
     installed = store.get(cfg.model_id)
@@ -98,21 +122,23 @@ def load_engine(cfg: EngineConfig | None = None, store: ModelStore | None = None
     tokenizer = load_tokenizer(installed.hf_dir)
     model = load_model(installed, cfg, progress)
     router = verifier = adapter_name = None
+    warnings: list[str] = []
     if reasoning:
         adapter_dir = find_component(installed, "reasoning")
         if adapter_dir is not None:
             meta = adapters.adapter_meta(adapter_dir)
             fingerprint = adapters.base_fingerprint(installed.hf_dir)
             if meta.get("base_fingerprint") not in (None, fingerprint):
-                log.warning("adapter %s was trained on other base weights; not loading it", adapter_dir)
+                msg = f"The reasoning adapter in {adapter_dir} was trained on other base weights; not loading it."
+                log.warning("%s", msg)
+                warnings.append(msg)
             else:
                 model = adapters.load_adapter(model, adapter_dir)
                 adapter_name = meta.get("name", "reasoning")
-        switcher_dir = find_component(installed, "switcher")
-        router = Router.load(switcher_dir) if switcher_dir else None
-        verifier_dir = find_component(installed, "verifier")
-        verifier = Verifier.load(verifier_dir) if verifier_dir else None
+        router = load_head_component(installed, "switcher", Router.load, warnings)
+        verifier = load_head_component(installed, "verifier", Verifier.load, warnings)
     engine = Engine(model, tokenizer, model_id=cfg.model_id, precision=cfg.precision, kv=cfg.kv, context=cfg.context,
                     router=router, adapter_name=adapter_name)
     engine.verifier = verifier
+    engine.warnings = warnings
     return engine

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import psutil
 
-from models.convert import check_hf_folder, convert_gguf, import_hf_folder
+from models.convert import check_hf_folder, convert_gguf, import_hf_folder, recover_backups
 from models.errors import ModelError, ModelNotInstalled, NotEnoughMemory
 from models.gguf_file import assemble_parts, file_sha256, inspect_gguf, wheel_part_paths
 from models.hub import download_snapshot
@@ -61,6 +61,16 @@ class ModelStore:
     def __init__(self, root: Path | None = None):
         self.root = Path(root) if root else paths.models_dir()
         self.root.mkdir(parents=True, exist_ok=True)
+        self._recover()
+
+    def _recover(self) -> None:
+        """Put back any folder a crash left renamed aside mid-replacement (models, precisions, components)."""
+        recover_backups(self.root)
+        for folder in self.root.iterdir():
+            if folder.is_dir() and not folder.name.startswith("."):
+                recover_backups(folder)
+                if (folder / "components").is_dir():
+                    recover_backups(folder / "components")
 
     def folder(self, model_id: str) -> Path:
         return self.root / model_id

@@ -3,7 +3,8 @@ settings per answer; full-text search; versioned migrations; crash-safe streamin
 
 A reply is written while it streams (`ReplyWriter`, flushed at most every `flush_s`), so a crash loses at
 most that interval; on the next open, replies left 'streaming' are marked 'incomplete'. A file that is not a
-readable database is moved aside (kept as a backup) and a fresh one is created. No Qt here.
+readable database is moved aside (kept as a backup) and a fresh one is created; a database written by a newer
+Ponder is refused (`NewerDatabaseError`) and left untouched. No Qt here.
 """
 from __future__ import annotations
 
@@ -36,6 +37,15 @@ def _m3_search(db: sqlite_utils.Database) -> None:
 
 MIGRATIONS = [_m1_initial, _m2_reasoning, _m3_search]
 SCHEMA_VERSION = len(MIGRATIONS)
+
+
+class NewerDatabaseError(Exception):
+    """The chat database was written by a newer Ponder (a higher schema version): it is not opened or changed."""
+
+    def __init__(self, path: Path, version: int):
+        super().__init__(f"The chat database {path} was written by a newer version of Ponder (schema {version}; "
+                         f"this version reads up to {SCHEMA_VERSION}). Update Ponder to open it; it was left unchanged.")
+        self.path, self.version = path, version
 
 
 @dataclass(frozen=True)
@@ -73,7 +83,15 @@ class ChatStore:
 
     def _open(self) -> sqlite_utils.Database:
         conn = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
-        conn.execute("PRAGMA quick_check").fetchall()
+        try:
+            conn.execute("PRAGMA quick_check").fetchall()
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+        except sqlite3.DatabaseError:
+            conn.close()
+            raise
+        if version > SCHEMA_VERSION:  # checked before anything is written (WAL mode, migrations)
+            conn.close()
+            raise NewerDatabaseError(self.path, version)
         db = sqlite_utils.Database(conn)
         db.enable_wal()
         db.execute("PRAGMA foreign_keys = ON")
@@ -88,7 +106,7 @@ class ChatStore:
     def _migrate(self, db: sqlite_utils.Database) -> None:
         version = self.schema_version(db)
         if version > SCHEMA_VERSION:
-            raise sqlite3.DatabaseError(f"chat database is from a newer Ponder (schema {version})")
+            raise NewerDatabaseError(self.path, version)
         for number, migration in enumerate(MIGRATIONS[version:], start=version + 1):
             with db.conn:
                 migration(db)

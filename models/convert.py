@@ -1,12 +1,14 @@
 """Turning model sources into the store's one format: an HF folder of bf16 safetensors plus tokenizer.
 
 Sources: a Qwen2 GGUF file (dequantized once through transformers' `gguf_file=`), or an HF folder.
-Every write goes to a temporary sibling folder that is renamed into place only when complete.
+Every write goes to a temporary sibling folder that is renamed into place only when complete; an old folder
+is renamed aside first and removed last, never deleted before its replacement is in place.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -25,25 +27,73 @@ def _no_progress(stage: str, done: int, total: int) -> None:
     pass
 
 
+BACKUP_RE = re.compile(r"\.(?P<name>.+)\.old-(?P<pid>\d+)")
+
+
+def _pid_alive(pid: int) -> bool:
+    import psutil  # not os.kill(pid, 0): on Windows that terminates the process
+
+    return pid != os.getpid() and psutil.pid_exists(pid)
+
+
+def recover_backups(parent: Path, name: str | None = None) -> list[Path]:
+    """After a crash mid-replacement: move each `.<name>.old-<pid>` backup in `parent` (only `name`'s, if given)
+    back to `<name>` when `<name>` is missing, else delete it. A live process's backups are left alone.
+    Returns the folders restored."""
+    restored = []
+    parent = Path(parent)
+    if not parent.is_dir():
+        return restored
+    for backup in parent.iterdir():
+        m = BACKUP_RE.fullmatch(backup.name)
+        if not m or (name is not None and m["name"] != name) or not backup.is_dir() or _pid_alive(int(m["pid"])):
+            continue
+        target = parent / m["name"]
+        if target.exists():
+            shutil.rmtree(backup, ignore_errors=True)
+        else:
+            os.replace(backup, target)
+            restored.append(target)
+    return restored
+
+
 class AtomicDir:
-    """Context manager yielding a temporary folder that replaces `final` on success and vanishes on failure."""
+    """Context manager yielding a temporary folder that replaces `final` on success and vanishes on failure.
+
+    Replacing never deletes first: the old folder is renamed to a backup, the new one renamed into place, then
+    the backup is removed. A crash between the renames leaves the backup, which `recover_backups` puts back.
+    """
 
     def __init__(self, final: Path):
         self.final = Path(final)
         self.tmp = self.final.parent / f".{self.final.name}.tmp-{os.getpid()}"
+        self.backup = self.final.parent / f".{self.final.name}.old-{os.getpid()}"
 
     def __enter__(self) -> Path:
         self.final.parent.mkdir(parents=True, exist_ok=True)
+        recover_backups(self.final.parent, self.final.name)
         shutil.rmtree(self.tmp, ignore_errors=True)
         self.tmp.mkdir()
         return self.tmp
 
+    def _swap(self) -> None:
+        shutil.rmtree(self.backup, ignore_errors=True)
+        had_old = self.final.exists()
+        if had_old:
+            os.replace(self.final, self.backup)
+        try:
+            os.replace(self.tmp, self.final)
+        except BaseException:
+            if had_old and not self.final.exists():
+                os.replace(self.backup, self.final)
+            raise
+        if had_old:
+            shutil.rmtree(self.backup, ignore_errors=True)
+
     def __exit__(self, exc_type, exc, tb) -> bool:
         if exc_type is None:
             try:
-                if self.final.exists():
-                    shutil.rmtree(self.final)
-                os.replace(self.tmp, self.final)
+                self._swap()
                 return False
             except OSError as err:
                 shutil.rmtree(self.tmp, ignore_errors=True)

@@ -64,13 +64,23 @@ def chunk_ema(hidden: torch.Tensor, chunk: int = 128, alpha: float = 0.5) -> tor
     return r
 
 
+HEAD_FILES = ("head.json", "head.safetensors")
+
+
 def save_head(head: nn.Module, folder: Path, config: dict) -> None:
+    """Write the head to a temporary folder and swap it in whole: a crash keeps the old head or the new one.
+    A folder holding anything but a head's files is refused, since the swap replaces the whole folder."""
     from safetensors.torch import save_file
 
+    from .convert import AtomicDir
+
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in head.state_dict().items()}, str(folder / "head.safetensors"))
-    (folder / "head.json").write_text(json.dumps(config, indent=2))
+    other = sorted(p.name for p in folder.iterdir() if p.name not in HEAD_FILES) if folder.is_dir() else []
+    if other:
+        raise ValueError(f"{folder} holds other files ({', '.join(other[:3])}); save the head to a new folder.")
+    with AtomicDir(folder) as tmp:
+        save_file({k: v.contiguous() for k, v in head.state_dict().items()}, str(tmp / "head.safetensors"))
+        (tmp / "head.json").write_text(json.dumps(config, indent=2))
 
 
 def load_head(folder: Path, kind: str) -> tuple[nn.Module, dict]:

@@ -8,9 +8,18 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import sqlite_utils
 
-from core.store import MIGRATIONS, SCHEMA_VERSION, ChatStore, ReplyWriter, export_json, export_markdown
+from core.store import (
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    ChatStore,
+    NewerDatabaseError,
+    ReplyWriter,
+    export_json,
+    export_markdown,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -79,12 +88,19 @@ def test_corrupt_database_is_moved_aside_and_replaced(tmp_path):
 
 
 def test_newer_schema_is_refused_not_destroyed(tmp_path):
+    """A database from a newer Ponder is neither moved aside nor changed: opening it raises a clear error."""
     path = tmp_path / "chats.db"
     conn = sqlite3.connect(path)
-    conn.execute("PRAGMA user_version = 99")
+    conn.execute("CREATE TABLE future (x)")
+    conn.execute("INSERT INTO future VALUES ('keep me')")
+    conn.commit()
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
     conn.close()
-    store = ChatStore(path)
-    assert store.recovered_from is not None and store.recovered_from.exists()
+    before = path.read_bytes()
+    with pytest.raises(NewerDatabaseError, match="newer version of Ponder") as err:
+        ChatStore(path)
+    assert err.value.version == SCHEMA_VERSION + 1 and err.value.path == path
+    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["chats.db"]
 
 
 KILLED_WRITER = """
