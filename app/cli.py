@@ -177,6 +177,16 @@ def cmd_ask(args) -> int:
 
 
 def cmd_models(args) -> int:
+    from models.errors import InvalidModelId
+
+    try:
+        return _cmd_models(args)
+    except InvalidModelId as err:  # a bad id is a usage error: one line, exit code 2, nothing touched
+        print(f"ponder: {err}", file=sys.stderr)
+        return 2
+
+
+def _cmd_models(args) -> int:
     from core.model_store import ModelStore
 
     from .progress import TerminalProgress

