@@ -83,10 +83,12 @@ class EngineService(QObject):
 
     def _events(self, kind: str, args: tuple, options: dict, cancel: threading.Event):
         if kind == "think_longer":
-            return self._engine.think_longer(options.get("extra_budget", 256), cancel=cancel)
+            messages, thinking = args
+            return self._engine.think_longer(messages, thinking, cancel=cancel, **options)
         messages, sampling = args
         n = options.pop("parallel", 1)
         if n > 1:
+            options.pop("trace_key", None)  # parallel answers keep no trace
             return self._engine.parallel(messages, sampling, n=n, cancel=cancel, **options)
         return self._engine.stream(messages, sampling, cancel=cancel, **options)
 
@@ -102,14 +104,23 @@ class EngineService(QObject):
     async def ask(self, messages, sampling: SamplingConfig | None = None, **options) -> Answer | None:
         """Stream an answer to `messages`; emits tokenReceived per piece and answerFinished at the end.
 
-        options: mode ('base'|'reason'|'auto'), budget, answer_max_tokens, parallel (1-8)."""
+        options: mode ('base'|'reason'|'auto'), budget, answer_max_tokens, parallel (1-8), trace_key (the
+        reply's message id: a reasoning answer's trace is kept under it for `think_longer`)."""
         if options.get("mode", "base") != "base" and not self.can_reason:
             options["mode"] = "base"
         return await self._submit("ask", (messages, sampling or SamplingConfig()), options)
 
-    async def think_longer(self, extra_budget: int = 256) -> Answer | None:
-        """Continue the last reasoning trace on its cache with `extra_budget` more thinking tokens."""
-        return await self._submit("think_longer", (), {"extra_budget": extra_budget})
+    async def think_longer(self, messages, thinking: str, **options) -> Answer | None:
+        """Continue a reasoning reply's trace with more thinking tokens, then answer again.
+
+        messages: the conversation up to and including the reply's question; thinking: the reply's stored trace.
+        options: trace_key (the reply's id), new_trace_key (the new reply's id), extra_budget, budget (the
+        reply's), answer_max_tokens, sampling. The engine continues on the kept cache when it still holds that
+        trace, and otherwise rebuilds it from the text."""
+        if self._engine is not None and not self.can_reason:
+            self.failed.emit("Think longer needs the reasoning adapter, which is not loaded.")
+            return None
+        return await self._submit("think_longer", (messages, thinking), options)
 
     async def _submit(self, kind: str, args: tuple, options: dict) -> Answer | None:
         if self._engine is None:

@@ -11,7 +11,7 @@ from PySide6.QtCore import QByteArray, QTimer
 from PySide6.QtGui import QAction, QGuiApplication, QKeySequence
 from PySide6.QtWidgets import QLabel, QMainWindow, QProgressBar, QPushButton, QSplitter, QVBoxLayout, QWidget
 
-from app.settings import AppSettings, load_settings, save_settings
+from app.settings import AppSettings
 
 from .chat_view import ChatView, details_text
 from .composer import Composer
@@ -35,7 +35,7 @@ class MainWindow(QMainWindow):
     def __init__(self, service, controller, model_service=None, parent=None):
         super().__init__(parent)
         self.service, self.controller, self.model_service = service, controller, model_service
-        self.settings = load_settings(controller.store)
+        self.settings = controller.load_settings()
         self.model_manager = None
         self._tasks: set[asyncio.Task] = set()
         self.setWindowTitle("Ponder")
@@ -126,15 +126,13 @@ class MainWindow(QMainWindow):
 
     # --- settings and models --------------------------------------------------------------------------
     def open_settings(self) -> None:
-        from core import paths
-
-        chosen = SettingsDialog.ask(self, self.settings, paths.data_dir())
+        chosen = SettingsDialog.ask(self, self.settings, self.controller.data_dir)
         if chosen is not None:
             self.apply_settings(chosen)
 
     def apply_settings(self, new: AppSettings) -> None:
         old, self.settings = self.settings, new
-        save_settings(self.controller.store, new)
+        self.controller.save_settings(new)
         apply_theme(new.theme)
         self.apply_composer_defaults()
         if new.threads != old.threads:
@@ -160,7 +158,7 @@ class MainWindow(QMainWindow):
         async def run():
             if await self.service.switch_model(model_id):
                 self.settings = replace(self.settings, model_id=model_id)
-                save_settings(self.controller.store, self.settings)
+                self.controller.save_settings(self.settings)
             if self.model_service is not None:
                 self.model_service.active_id = self.service.model_name
             if self.model_manager is not None:
@@ -220,22 +218,22 @@ class MainWindow(QMainWindow):
         if self.sidebar.search.text().strip():
             self.on_search(self.sidebar.search.text())
         else:
-            self.sidebar.show_conversations(self.controller.store.conversations(), self.controller.current)
+            self.sidebar.show_conversations(self.controller.conversations(), self.controller.current)
 
     def on_search(self, text: str) -> None:
         if text.strip():
-            self.sidebar.show_results(self.controller.store.search(text))
+            self.sidebar.show_results(self.controller.search(text))
         else:
-            self.sidebar.show_conversations(self.controller.store.conversations(), self.controller.current)
+            self.sidebar.show_conversations(self.controller.conversations(), self.controller.current)
 
     def rename(self, cid: str) -> None:
-        current = self.controller.store.db["conversations"].get(cid)["title"]
-        title = RenameDialog.ask(self, current)
+        title = RenameDialog.ask(self, self.controller.title(cid))
         if title:
             self.controller.rename(cid, title)
 
     def delete(self, cid: str) -> None:
-        self.controller.delete(cid)
+        if not self.controller.delete(cid):
+            return
         self.undo_button.setVisible(True)
         self.status.setText("Chat deleted.")
 
@@ -245,13 +243,10 @@ class MainWindow(QMainWindow):
         self.undo_button.setVisible(False)
 
     def export(self, cid: str, fmt: str) -> None:
-        from core.store import export_json, export_markdown
-
-        title = self.controller.store.db["conversations"].get(cid)["title"]
-        safe = re.sub(r"[^\w\- ]+", "", title).strip() or "chat"
+        safe = re.sub(r"[^\w\- ]+", "", self.controller.title(cid)).strip() or "chat"
         path = ExportDialog.ask(self, f"{safe}.{fmt}", fmt)
         if path:
-            text = export_markdown(self.controller.store, cid) if fmt == "md" else export_json(self.controller.store, cid)
+            text = self.controller.export(cid, fmt)
             with open(path, "w", encoding="utf-8") as f:
                 f.write(text)
             self.status.setText(f"Exported to {path}")
@@ -263,7 +258,8 @@ class MainWindow(QMainWindow):
 
     # --- transcript actions --------------------------------------------------------------------------
     def render(self) -> None:
-        self.view.render(self.controller.messages(), self.controller.live, self.service.busy)
+        self.view.render(self.controller.messages(), self.controller.current_live, self.service.busy,
+                         self.service.ready and self.service.can_reason)
 
     def on_action(self, verb: str, args: list) -> None:
         msgs = {m.id: m for m in self.controller.messages()}
@@ -278,7 +274,7 @@ class MainWindow(QMainWindow):
         elif verb == "regen":
             self.spawn(self.controller.regenerate(self.options()))
         elif verb == "longer":
-            self.spawn(self.controller.think_longer(256))
+            self.spawn(self.controller.think_longer(int(args[0]) if args else None, 256))
         elif verb == "pick":
             self.controller.pick_candidate(int(args[0]), int(args[1]))
         elif verb == "edit":
@@ -290,13 +286,13 @@ class MainWindow(QMainWindow):
     # --- window state --------------------------------------------------------------------------------
     def _restore_settings(self) -> None:
         self.apply_composer_defaults()
-        geometry = self.controller.store.get_setting("window_geometry")
+        geometry = self.controller.window_state()
         if geometry:
             self.restoreGeometry(QByteArray(base64.b64decode(geometry)))
 
     def closeEvent(self, event) -> None:
         self.service.cancel()
         geometry = bytes(self.saveGeometry().data())
-        self.controller.store.set_setting("window_geometry", base64.b64encode(geometry).decode())
+        self.controller.save_window_state(base64.b64encode(geometry).decode())
         super().closeEvent(event)
 

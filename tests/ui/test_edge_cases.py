@@ -1,32 +1,11 @@
-"""The window against a scripted engine: exact budget cut display, verifier scores and the weighted vote,
-picking another candidate, a crash mid-stream (partial reply kept, marked incomplete), engine errors shown."""
+"""The window against a scripted engine: exact budget cut display, verifier scores and the weighted vote, a tied
+vote shown as a tie, picking another candidate, a crash mid-stream (partial reply kept, marked incomplete),
+engine errors shown."""
 import pytest
 
-from app.chat_controller import ChatController
-from app.engine_service import EngineService
-from core.store import ChatStore
 from tests.qt_helpers import run_until
+from tests.ui.helpers import ask, make_window
 from tests.ui.scripted_engine import ScriptedEngine
-from ui.main_window import MainWindow
-
-
-def make_window(qtbot, loop, tmp_path, engine):
-    service = EngineService(engine=engine)
-    controller = ChatController(service, ChatStore(tmp_path / "chats.db", flush_s=0.01))
-    win = MainWindow(service, controller)
-    qtbot.addWidget(win)
-    loop.run_until_complete(service.start())
-    return win
-
-
-def ask(win, loop, text, mode, budget=8, parallel=1):
-    win.composer.apply(mode, budget, parallel)
-    win.composer.input.setPlainText(text)
-    win.composer.send_button.click()
-    assert run_until(loop, lambda: win.service.busy or len(win.controller.messages()) >= 2, 10)
-    assert run_until(loop, lambda: not win.service.busy, 30)
-    win.render()
-    return win.controller.messages()[-1]
 
 
 @pytest.fixture
@@ -71,7 +50,34 @@ def test_crash_mid_stream_keeps_the_partial_reply(qtbot, loop, tmp_path):
     win.service.shutdown()
 
 
-def test_engine_refusal_is_shown_not_raised(window, loop):
-    ask(window, loop, "Why?", "reason", budget=128)
-    window.on_action("longer", [])
-    assert run_until(loop, lambda: "no reasoning answer" in window.status.text(), 10)
+def test_engine_refusal_is_shown_not_raised(qtbot, loop, tmp_path):
+    win = make_window(qtbot, loop, tmp_path, ScriptedEngine(think_error=ValueError("the trace no longer fits")))
+    reply = ask(win, loop, "Why?", "reason", budget=8)
+    win.on_action("longer", [str(reply.id)])
+    assert run_until(loop, lambda: "no longer fits" in win.status.text(), 10)
+    assert run_until(loop, lambda: not win.service.busy, 10)
+    assert win.controller.messages()[-1] == reply
+    win.service.shutdown()
+
+
+def test_tied_vote_is_shown_as_a_tie_not_a_win(qtbot, loop, tmp_path):
+    """Four different answers, one vote each: nothing won; the first candidate is shown, not ticked."""
+    engine = ScriptedEngine(finals=("1200", "1100", "1000", "900"), scores=(0.5, 0.5, 0.5, 0.5), method="majority")
+    win = make_window(qtbot, loop, tmp_path, engine)
+    reply = ask(win, loop, "What is 30*40?", "reason", parallel=4)
+    assert reply.meta["vote"]["tie"] is True and reply.meta["chosen"] == 0
+    text = win.view.toPlainText()
+    assert "Vote (majority) — tie between 4 answers (1 vote each): the first candidate is shown" in text
+    assert "✓" not in text and "shown (tie)" in text
+    win.controller.pick_candidate(reply.id, 2)
+    win.render()
+    text = win.view.toPlainText()
+    assert "✓" in text and "your pick is shown" in text and "shown (tie)" not in text
+    win.service.shutdown()
+
+
+def test_a_clear_vote_is_ticked_and_not_called_a_tie(window, loop):
+    reply = ask(window, loop, "What is 6*7?", "reason", parallel=4)
+    assert reply.meta["vote"]["tie"] is False
+    text = window.view.toPlainText()
+    assert "✓" in text and "tie" not in text

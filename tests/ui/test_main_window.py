@@ -61,6 +61,26 @@ def test_reasoning_answer_has_trace_meter_and_budget_cut(window, loop):
     assert len(window.view.toPlainText()) > len(text)
 
 
+def test_think_longer_continues_the_replys_own_trace(window, loop):
+    """The real engine: the trace is kept under the reply's id and continued on its cache, in its own chat,
+    even after another chat was answered; the reply is replaced only when the continuation finished."""
+    first = send(window, loop, "What is 2+2?", mode="reason", budget=128)
+    chat = window.controller.current
+    window.new_chat()
+    send(window, loop, "What is 3+5?", mode="reason", budget=128)
+    window.controller.open(chat)
+    window.render()
+    assert f"ponder:longer/{first.id}" in window.view.toHtml()
+    window.on_action("longer", [str(first.id)])
+    assert run_until(loop, lambda: window.service.busy, 10) or not window.service.busy
+    assert run_until(loop, lambda: not window.service.busy)
+    msgs = window.controller.messages()
+    assert [m.role for m in msgs] == ["user", "assistant"] and msgs[0].content == "What is 2+2?"
+    new = msgs[1]
+    assert new.id != first.id and new.thinking.startswith(first.thinking) and new.meta["resumed"] == "cache"
+    assert new.meta["thinking_tokens"] > first.meta["thinking_tokens"]
+
+
 def test_parallel_answers_show_candidates_and_vote(window, loop):
     reply = send(window, loop, "What is 3+4?", mode="reason", budget=128, parallel=4)
     assert len(reply.meta["candidates"]) == 4 and reply.meta["vote"]["method"] in ("weighted", "majority")

@@ -1,0 +1,189 @@
+"""Think longer, regenerate and edit-and-resend never lose a stored reply: the replacement streams into a new row
+and the old reply goes only once the replacement has finished. Think longer continues the trace of the reply it
+was asked on (keyed by that message's id), in its own chat, after a restart too (the engine then rebuilds the
+trace from the stored text). Real chat store (sqlite), scripted engine, the window driven as a user would."""
+import pytest
+
+from app.chat_controller import ChatController
+from app.engine_service import EngineService
+from core.store import ChatStore
+from tests.qt_helpers import run_until
+from tests.ui.helpers import ask, make_window, wait_idle
+from tests.ui.scripted_engine import ScriptedEngine
+from ui.chat_view import details_text
+
+
+def snapshot(win):
+    return [(m.id, m.role, m.content, m.thinking, m.status) for m in win.controller.messages()]
+
+
+def think_longer(win, loop, reply):
+    assert f"ponder:longer/{reply.id}" in win.view.toHtml()  # the link the user clicks
+    win.on_action("longer", [str(reply.id)])
+    wait_idle(win, loop)
+    return win.controller.messages()
+
+
+@pytest.fixture
+def engine():
+    return ScriptedEngine()
+
+
+@pytest.fixture
+def window(qtbot, loop, tmp_path, engine):
+    win = make_window(qtbot, loop, tmp_path, engine)
+    yield win
+    win.service.shutdown()
+
+
+def test_stream_keys_the_trace_to_the_reply(window, loop, engine):
+    reply = ask(window, loop, "Question A", "reason")
+    call = engine.calls[-1]
+    assert call[0] == "stream" and call[1]["trace_key"] == str(reply.id)
+    assert engine.traces[str(reply.id)][1] == reply.thinking
+
+
+def test_think_longer_after_switching_chats_continues_that_chats_question(window, loop, engine):
+    a = ask(window, loop, "Question A", "reason")
+    chat_a = window.controller.current
+    window.new_chat()
+    b = ask(window, loop, "Question B", "reason")
+    chat_b_before = snapshot(window)
+    window.controller.open(chat_a)
+    window.render()
+    msgs = think_longer(window, loop, a)
+    name, call = engine.calls[-1]
+    assert name == "think_longer"
+    assert call["messages"] == [{"role": "user", "content": "Question A"}] and call["thinking"] == a.thinking
+    assert call["trace_key"] == str(a.id) and call["resumed"] == "cache" and call["budget"] == 128
+    assert [m.role for m in msgs] == ["user", "assistant"] and msgs[0].content == "Question A"
+    new = msgs[1]
+    assert new.id != a.id and call["new_trace_key"] == str(new.id)  # the continuation is keyed to its own row
+    assert new.thinking.startswith(a.thinking) and "more0" in new.thinking and new.content.startswith("Final answer: 43")
+    assert new.status == "complete" and new.meta["resumed"] == "cache" and new.meta["budget"] == 128 + 256
+    other = [c["id"] for c in window.controller.conversations() if c["id"] != chat_a][0]
+    window.controller.open(other)
+    assert snapshot(window) == chat_b_before and snapshot(window)[-1][0] == b.id
+
+
+def test_think_longer_after_a_restart_rebuilds_from_the_stored_reply(qtbot, loop, tmp_path):
+    first = make_window(qtbot, loop, tmp_path, ScriptedEngine())
+    old = ask(first, loop, "What is 2+2?", "reason")
+    cid = first.controller.current
+    first.service.shutdown()
+    first.close()  # the window saves its state; the database stays on disk for the next start
+
+    engine = ScriptedEngine(delay_s=0.005)  # a fresh engine: no trace in memory
+    win = make_window(qtbot, loop, tmp_path, engine)
+    win.controller.open(cid)
+    win.render()
+    assert f"ponder:longer/{old.id}" in win.view.toHtml()
+    win.on_action("longer", [str(old.id)])
+    assert run_until(loop, lambda: win.controller.live is not None and win.controller.live.thinking_tokens > 10)
+    during = win.controller.messages()
+    assert during[1] == old  # the old reply is untouched while the continuation streams
+    wait_idle(win, loop)
+    name, call = engine.calls[-1]
+    assert name == "think_longer" and call["resumed"] == "text" and call["trace_key"] == str(old.id)
+    assert call["messages"] == [{"role": "user", "content": "What is 2+2?"}] and call["thinking"] == old.thinking
+    msgs = win.controller.messages()
+    assert [m.role for m in msgs] == ["user", "assistant"]
+    assert msgs[1].thinking.startswith(old.thinking) and msgs[1].meta["resumed"] == "text"
+    assert "rebuilt" in details_text(msgs[1])
+    win.service.shutdown()
+
+
+def test_failing_think_longer_leaves_the_reply_intact(qtbot, loop, tmp_path):
+    win = make_window(qtbot, loop, tmp_path, ScriptedEngine(think_error=RuntimeError("out of memory")))
+    ask(win, loop, "Why?", "reason")
+    before = snapshot(win)
+    think_longer(win, loop, win.controller.messages()[-1])
+    assert "out of memory" in win.status.text()
+    assert snapshot(win) == before  # nothing new streamed: no extra row either
+    win.service.shutdown()
+
+
+def test_crash_while_thinking_longer_keeps_the_reply_and_the_partial_continuation(qtbot, loop, tmp_path):
+    win = make_window(qtbot, loop, tmp_path, ScriptedEngine(think_crash_after=3))
+    reply = ask(win, loop, "Why?", "reason")
+    msgs = think_longer(win, loop, reply)
+    assert "crashed" in win.status.text()
+    assert msgs[1] == reply
+    assert msgs[2].status == "incomplete" and msgs[2].thinking == reply.thinking + "more0 more1 more2 "
+    win.service.shutdown()
+
+
+def test_stopped_think_longer_leaves_the_reply_intact(qtbot, loop, tmp_path):
+    win = make_window(qtbot, loop, tmp_path, ScriptedEngine(delay_s=0.01))
+    reply = ask(win, loop, "Why?", "reason")
+    win.on_action("longer", [str(reply.id)])
+    assert run_until(loop, lambda: win.controller.live is not None and win.controller.live.thinking_tokens > 10)
+    win.composer.stopRequested.emit()
+    wait_idle(win, loop)
+    msgs = win.controller.messages()
+    assert msgs[1] == reply
+    assert all(m.id == reply.id or m.status == "cancelled" for m in msgs[1:])  # a kept partial is marked stopped
+    assert all(m.thinking.startswith(reply.thinking) for m in msgs[1:])
+    win.service.shutdown()
+
+
+def test_think_longer_only_on_reasoning_replies_of_an_engine_that_can_reason(window, loop, engine):
+    fast = ask(window, loop, "Hi", "base")
+    assert not fast.thinking and "ponder:longer" not in window.view.toHtml()
+    reasoned = ask(window, loop, "Why?", "reason")
+    assert f"ponder:longer/{reasoned.id}" in window.view.toHtml()
+    engine.can_reason = False  # e.g. another model without the adapter
+    window.render()
+    assert "ponder:longer" not in window.view.toHtml()
+
+
+def test_failed_regenerate_keeps_the_answer_and_a_finished_one_replaces_it(window, loop, engine):
+    first = ask(window, loop, "Tell me", "base")
+    engine.crash_after = 1
+    window.on_action("regen", [])
+    wait_idle(window, loop)
+    msgs = window.controller.messages()
+    assert msgs[1] == first and msgs[2].status == "incomplete" and msgs[2].content == "The "
+    engine.crash_after = None
+    window.on_action("regen", [])
+    wait_idle(window, loop)
+    msgs = window.controller.messages()
+    assert [m.role for m in msgs] == ["user", "assistant"] and msgs[1].id > first.id
+    assert msgs[1].status == "complete" and msgs[1].content == "The answer is 42."
+    assert engine.calls[-1][1]["messages"] == [{"role": "user", "content": "Tell me"}]
+
+
+def test_edit_and_resend_removes_the_old_turn_only_when_the_new_answer_finished(window, loop, engine, monkeypatch):
+    from ui import dialogs
+
+    ask(window, loop, "Tell me", "base")
+    before = snapshot(window)
+    question = window.controller.messages()[0]
+    monkeypatch.setattr(dialogs.EditDialog, "ask", classmethod(lambda cls, parent, current: "Tell me more"))
+    engine.crash_after = 0
+    window.on_action("edit", [str(question.id)])
+    wait_idle(window, loop)
+    msgs = snapshot(window)
+    assert msgs[:2] == before and msgs[2][1:3] == ("user", "Tell me more")  # nothing lost, the edit kept
+    engine.crash_after = None
+    window.on_action("edit", [str(question.id)])
+    wait_idle(window, loop)
+    msgs = window.controller.messages()
+    assert [(m.role, m.content) for m in msgs][-2:] == [("user", "Tell me more"), ("assistant", "The answer is 42.")]
+    assert question.id not in [m.id for m in msgs]
+
+
+def test_history_sends_one_reply_per_question(tmp_path, qapp):
+    from app.chat_controller import history
+
+    store = ChatStore(tmp_path / "c.db")
+    cid = store.new_conversation()
+    store.add_message(cid, "user", "q1")
+    store.add_message(cid, "assistant", "a1")
+    store.add_message(cid, "assistant", "partial", status="cancelled")
+    store.add_message(cid, "user", "q2")
+    assert history(store.messages(cid)) == [{"role": "user", "content": "q1"}, {"role": "assistant", "content": "a1"},
+                                            {"role": "user", "content": "q2"}]
+    service = EngineService(engine=ScriptedEngine())
+    assert ChatController(service, store).messages() == []
+    service.shutdown()
