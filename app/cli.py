@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import signal
 import sys
 import threading
@@ -18,8 +19,54 @@ from models.registry import DEFAULT_MODEL_ID, KNOWN_MODELS
 MODES = ("auto", "reason", "base")
 
 
+class Parser(argparse.ArgumentParser):
+    """A usage error is one line on stderr and exit code 2 (`--help` has the details)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def whole(low: int, high: int | None = None):
+    """argparse type: a whole number in [low, high]."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < low or (high is not None and value > high):
+            bounds = f"between {low} and {high}" if high is not None else f"at least {low}"
+            raise argparse.ArgumentTypeError(f"must be {bounds}, got {value}")
+        return value
+
+    return parse
+
+
+def real(low: float, high: float | None = None, *, low_open: bool = False):
+    """argparse type: a finite number >= low (> low when low_open) and <= high."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        below = value <= low if low_open else value < low
+        if not math.isfinite(value) or below or (high is not None and value > high):
+            lo = f"{'>' if low_open else '>='} {low:g}"
+            raise argparse.ArgumentTypeError(f"must be {lo}{f' and <= {high:g}' if high is not None else ''}, "
+                                             f"got {text}")
+        return value
+
+    return parse
+
+
+def question(text: str) -> str:
+    """argparse type: a question with some text in it (`-` reads it from stdin)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the question is empty")
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="ponder",
         description="Ponder: an offline reasoning assistant running a quantized Qwen2.5 on this computer. "
                     "Run without a command to open the desktop window.",
@@ -27,28 +74,28 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
     ask = sub.add_parser("ask", help="answer a question headlessly, streaming to stdout")
-    ask.add_argument("text", metavar="TEXT", help="the question (use - to read it from stdin)")
+    ask.add_argument("text", metavar="TEXT", type=question, help="the question (use - to read it from stdin)")
     ask.add_argument("--mode", choices=MODES, default="base",
                      help="base: answer directly (default); reason: think first with the reasoning adapter; "
                           "auto: the switcher decides")
-    ask.add_argument("--budget", type=int, default=256,
+    ask.add_argument("--budget", type=whole(0), default=256,
                      help="thinking budget in tokens; 0 = no budget, up to the context (default 256)")
-    ask.add_argument("--answer-max-tokens", type=int, default=256, help="cap on the answer after thinking (default 256)")
-    ask.add_argument("--parallel", type=int, default=1, metavar="N",
+    ask.add_argument("--answer-max-tokens", type=whole(1), default=256, help="cap on the answer after thinking (default 256)")
+    ask.add_argument("--parallel", type=whole(1, 8), default=1, metavar="N",
                      help="sample N answers (1-8) from one prefill and vote (verifier-weighted when available)")
     ask.add_argument("--model", default=DEFAULT_MODEL_ID, help=f"installed model id (default {DEFAULT_MODEL_ID})")
-    ask.add_argument("--temperature", type=float, default=0.7, help="0 = greedy and deterministic (default 0.7)")
-    ask.add_argument("--top-p", type=float, default=0.9, help="nucleus sampling threshold (default 0.9)")
-    ask.add_argument("--top-k", type=int, default=40, help="keep the k most likely tokens, 0 = off (default 40)")
-    ask.add_argument("--repetition-penalty", type=float, default=1.05, help="1 = off (default 1.05)")
-    ask.add_argument("--max-tokens", type=int, default=512, help="cap on generated tokens (default 512)")
+    ask.add_argument("--temperature", type=real(0), default=0.7, help="0 = greedy and deterministic (default 0.7)")
+    ask.add_argument("--top-p", type=real(0, 1, low_open=True), default=0.9, help="nucleus sampling threshold (default 0.9)")
+    ask.add_argument("--top-k", type=whole(0), default=40, help="keep the k most likely tokens, 0 = off (default 40)")
+    ask.add_argument("--repetition-penalty", type=real(0, low_open=True), default=1.05, help="1 = off (default 1.05)")
+    ask.add_argument("--max-tokens", type=whole(1), default=512, help="cap on generated tokens (default 512)")
     ask.add_argument("--seed", type=int, default=None, help="seed for repeatable sampling")
     ask.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     ask.add_argument("--system", default=None, help="system prompt (default: Ponder's)")
     ask.add_argument("--precision", choices=PRECISIONS, default="w4", help="weights: fp32, bf16, w8, w4 (default)")
     ask.add_argument("--kv", choices=KV_FORMATS, default="int8", help="KV cache: bf16 or int8 (default)")
     ask.add_argument("--head-bits", type=int, choices=(4, 8), default=4, help="LM head bits for w4/w8 (default 4)")
-    ask.add_argument("--threads", type=int, default=None, help="CPU threads (default: physical cores)")
+    ask.add_argument("--threads", type=whole(1, 1024), default=None, help="CPU threads (default: physical cores)")
     ask.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
 
     models = sub.add_parser("models", help="list, install, import, download or remove models")
@@ -81,8 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
     bsub = bench.add_subparsers(dest="bench_command", metavar="BENCH")
     dec = bsub.add_parser("decode", help="decode speed, TTFT, memory: HF baselines vs Ponder vs llama.cpp")
     dec.add_argument("--json", action="store_true", help="print one JSON object")
-    dec.add_argument("--tokens", type=int, default=128)
-    dec.add_argument("--runs", type=int, default=3)
+    dec.add_argument("--tokens", type=whole(1), default=128)
+    dec.add_argument("--runs", type=whole(1), default=3)
     dec.add_argument("--model", default=DEFAULT_MODEL_ID)
     dec.add_argument("--quick", action="store_true", help="only the default Ponder setting and HF bf16")
     return p
@@ -121,13 +168,15 @@ def answer_json(answer, mode: str) -> dict:
 
 
 def cmd_ask(args) -> int:
+    text = sys.stdin.read() if args.text == "-" else args.text
+    if not text.strip():
+        print("ponder ask: error: the question read from stdin is empty", file=sys.stderr)
+        return 2
     from core.events import DoneEvent
     from core.loading import load_engine
-    from core.parallel import stream_parallel
 
     from .progress import TerminalProgress
 
-    text = sys.stdin.read() if args.text == "-" else args.text
     sampling = SamplingConfig(
         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, repetition_penalty=args.repetition_penalty,
         max_tokens=args.max_tokens, seed=args.seed, stop=tuple(args.stop),
@@ -144,7 +193,7 @@ def cmd_ask(args) -> int:
     if args.system is not None:
         kwargs["system"] = args.system
     if args.parallel > 1:
-        events = stream_parallel(engine, text, sampling, n=args.parallel, **kwargs)
+        events = engine.parallel(text, sampling, n=args.parallel, **kwargs)
     else:
         events = engine.stream(text, sampling, **kwargs)
     answer, kind = None, "answer"
@@ -287,6 +336,9 @@ def run_cli(argv: list[str]) -> int:
             print(f"ponder: {err}", file=sys.stderr)
             return 2
     args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
     handlers = {"ask": cmd_ask, "models": cmd_models, "setup": cmd_setup, "bench": cmd_bench}
     try:
         return handlers[args.command](args)

@@ -7,17 +7,38 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import sys
+import warnings
+
+NOISE = (
+    # torch.utils.cpp_extension, imported by transformers and optimum-quanto, logs this on a CUDA build of torch
+    # on a computer without a GPU but with a CUDA toolkit (or CUDA_HOME). Ponder runs on the CPU and builds no
+    # extensions, so the line tells the user nothing.
+    ("torch.utils.cpp_extension", "No CUDA runtime is found"),
+)
+QUIET_WARNINGS = (
+    # transformers' deprecation notice, raised by peft when the reasoning adapter is attached.
+    (FutureWarning, r"`is_gradient_checkpointing` is deprecated"),
+)
+
+
+def quiet_stderr() -> None:
+    """Drop the libraries' messages that say nothing to a Ponder user (each one named above), before any of
+    those libraries is imported; everything else still reaches stderr."""
+    for logger, prefix in NOISE:
+        logging.getLogger(logger).addFilter(lambda record, prefix=prefix: not record.getMessage().startswith(prefix))
+    for category, message in QUIET_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=category)
 
 
 def run_gui() -> int:
     import asyncio
 
     import qasync
-    from PySide6.QtWidgets import QApplication
+    from PySide6.QtWidgets import QApplication, QMessageBox
 
     from core import paths
     from core.config import EngineConfig
-    from core.store import ChatStore
+    from core.store import ChatStore, NewerDatabaseError
     from ui.main_window import MainWindow
     from ui.theme import apply_theme, follow_system
 
@@ -28,7 +49,12 @@ def run_gui() -> int:
 
     app = QApplication.instance() or QApplication(sys.argv)
     app.setApplicationName("Ponder")
-    store = ChatStore(paths.data_dir() / "chats.db")
+    try:
+        store = ChatStore(paths.data_dir() / "chats.db")
+    except NewerDatabaseError as err:  # left untouched: an update of Ponder reads it
+        print(f"ponder: {err}", file=sys.stderr)
+        QMessageBox.critical(None, "Ponder", str(err))
+        return 1
     settings = load_settings(store)
     apply_theme(settings.theme, app)
     follow_system(app)
@@ -55,6 +81,7 @@ def run_gui() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     multiprocessing.freeze_support()
+    quiet_stderr()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
