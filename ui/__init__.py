@@ -1,1 +1,2 @@
-"""Qt widgets only. Services are injected by constructor; nothing here imports core.engine or core.loading."""
+"""Qt widgets only. Services (app.*) are injected by constructor; from core only the value types of core.events
+and core.config are imported, and the chat database is reached only through the ChatController."""
