@@ -28,7 +28,6 @@ def main(argv=None) -> int:
     from core.config import EngineConfig, SamplingConfig
     from core.decode import prefill
     from core.loading import load_engine
-    from core.parallel import stream_parallel
     from core.prompts import reasoning_system
 
     p = argparse.ArgumentParser(prog="python -m bench.reasoning")
@@ -48,7 +47,7 @@ def main(argv=None) -> int:
     same_prompt = reasoning_system(256)  # the reasoning prompt (with its budget statement), answered directly
 
     def naive_ttft():  # re-encode the whole prompt with the adapter on, then take the first thinking token
-        ids = engine.prompt_ids(PROMPT, reasoning_system(256)) + engine._think_open
+        ids = engine.prompt_ids(PROMPT, reasoning_system(256)) + list(engine.markers.think_open)
         t = time.perf_counter()
         logits, _ = prefill(engine.model, torch.tensor([ids]), new_cache(engine.model.config, engine.kv))
         logits.argmax(-1)
@@ -71,7 +70,7 @@ def main(argv=None) -> int:
     throughput = {}
     for n in (1, 4, 8):
         answer = None
-        for event in stream_parallel(engine, PROMPT, sampling, n=n, mode="reason", budget=args.tokens,
+        for event in engine.parallel(PROMPT, sampling, n=n, mode="reason", budget=args.tokens,
                                      answer_max_tokens=8):
             answer = getattr(event, "answer", answer)
         throughput[n] = answer.stats.decode_tok_s

@@ -1,30 +1,40 @@
-"""The Engine: owns model, tokenizer, adapter, switcher and KV cache; streams answers token by token.
+"""The Engine: owns model, tokenizer, adapter, switcher, verifier and KV caches; streams answers.
 
-One request = one base-model prefill (adapter off), then segments decoded on that same cache: in base mode
-an answer; in reasoning mode a `<think>` trace (adapter on) bounded by a token budget, then the answer. At
-the budget the engine closes the trace itself and forces the answer. `think_longer` reopens the last trace
-on its cache and continues it. Exactly one thread calls an Engine; cancellation is a `threading.Event`
-checked every decode step. The engine knows nothing about files or Qt.
+Every request is one base-model prefill (adapter off), then the one decode loop of `core.rows`: one row for a
+chat answer (`stream`), N rows forked from that prefill for parallel answers (`parallel`), K left-padded
+prompts for evaluation (`generate_batch`). In reasoning mode a row thinks (adapter on) up to its budget, then
+answers; at the budget the engine closes the trace itself and forces the answer. A reasoning answer asked
+for with a `trace_key` keeps its cache in memory under that key, so `think_longer` can reopen that trace
+without re-encoding it; when it is gone (a restart, another model) `think_longer` rebuilds it from the stored
+text. Exactly one thread calls an Engine; cancellation is a `threading.Event` checked every decode step.
+The engine knows nothing about files or Qt.
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from . import adapters
-from .cache import cache_bytes, crop, new_cache
+from .cache import cache_bytes, crop, fork, new_cache
 from .chat_format import DEFAULT_SYSTEM, build_prompt_ids, stop_token_ids
 from .config import SamplingConfig
-from .decode import DecodeState, feed, run_segment, stop_token_index
-from .events import Answer, DoneEvent, GenerationStats, RouteDecision, TokenEvent
-from .prompts import reasoning_prompts, reasoning_system
+from .events import Answer, Candidate, DoneEvent, GenerationStats, RouteDecision, TokenEvent
+from .markers import ReasoningMarkers
+from .prompts import reasoning_system
+from .rows import Row, decode_rows, new_row
 from .sampling import make_generator
+from .voting import extract_answer, vote
 
 MODES = ("auto", "reason", "base")
+MAX_STREAMS = 8
+KEPT_TRACES = 4
+"""Reasoning traces kept in memory for "think longer" (a few MB of KV cache each)."""
 
 
 class PromptTooLong(ValueError):
@@ -33,18 +43,15 @@ class PromptTooLong(ValueError):
 
 @dataclass
 class _Trace:
-    """What `think_longer` needs from the last reasoning request."""
+    """A reasoning answer's cache and what `think_longer` needs to reopen its trace."""
 
-    state: DecodeState
-    prompt_len: int
+    cache: object
+    prompt_ids: list[int]
     think_end: int
     """Cache length where the trace's text ends (before `</think>`)."""
     thinking: str
     thinking_ids: list[int]
     budget: int | None
-    answer_max_tokens: int
-    route: RouteDecision
-    started: float
 
 
 class Engine:
@@ -61,17 +68,11 @@ class Engine:
         self.eos_ids = stop_token_ids(tokenizer)
         self.router = router
         self.verifier = None
-        """A core.verifier.Verifier scoring parallel answers, when one is loaded."""
+        """A core.verifier.Verifier scoring parallel reasoning answers, when one is loaded."""
         self.adapter_name = adapter_name if adapters.is_adapted(model) else None
+        self.markers = ReasoningMarkers.for_tokenizer(tokenizer)
         self.last_cache = None
-        self._trace: _Trace | None = None
-        p = reasoning_prompts()
-        enc = lambda s: tokenizer(s, add_special_tokens=False)["input_ids"]  # noqa: E731
-        self._think_open, self._think_close = enc(p["think_open"]), enc(p["think_close"])
-        self._forced_prefix_text = p["forced_answer_prefix"]
-        self._forced_prefix = enc(p["forced_answer_prefix"])
-        self._wait = enc(p["think_longer"])
-        self._close_marker = p["think_close_marker"]
+        self._traces: OrderedDict[str, _Trace] = OrderedDict()
 
     @property
     def can_reason(self) -> bool:
@@ -93,14 +94,14 @@ class Engine:
         return RouteDecision(prob >= self.router.threshold, prob, "switcher", time.perf_counter() - t)
 
     def open_prompt(self, ids: list[int], mode: str, cache) -> tuple[torch.Tensor, RouteDecision]:
-        """The one base-model prefill every mode shares; returns the next-token logits and the route.
+        """The one base-model prefill every mode shares; returns the next-token logits (1, V) and the route.
 
         When reasoning may follow, `<think>\n` is part of that prefill (base-encoded, like the rest of the
         prompt), so switching the adapter on afterwards re-encodes nothing: the first thinking token comes
         straight from the prefill's logits. If `auto` routes to the base model, the cache is cropped back to
         the prompt and the logits before `<think>` are used.
         """
-        opener = self._think_open if mode != "base" else []
+        opener = list(self.markers.think_open) if mode != "base" else []
         with self._base(), torch.inference_mode():
             out = self.model(input_ids=torch.tensor([ids + opener]), cache=cache, use_cache=True,
                              logits_to_keep=len(opener) + 1, output_hidden_states=mode == "auto")
@@ -112,111 +113,239 @@ class Engine:
             crop(cache, len(ids))
         return out.logits[:, 0], decision
 
-    def stream(self, messages: Sequence[dict] | str, sampling: SamplingConfig | None = None, *, mode: str = "base",
-               budget: int | None = 256, answer_max_tokens: int = 256, cancel: threading.Event | None = None,
-               system: str | None = DEFAULT_SYSTEM) -> Iterator[TokenEvent | DoneEvent]:
-        """Yield TokenEvents (kind 'thinking' or 'answer') as text becomes final, then one DoneEvent.
-
-        mode: 'base' answers directly; 'reason' thinks first (needs the adapter); 'auto' lets the switcher decide.
-        budget: thinking tokens before the engine forces the answer (None = up to the context window).
-        """
+    # --- requests -------------------------------------------------------------------------------------
+    def _check(self, mode: str) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}")
         if mode != "base" and not self.can_reason:
             raise ValueError("reasoning needs the reasoning adapter, which is not loaded")
+
+    @staticmethod
+    def _prompt_system(mode: str, budget: int | None, system: str | None = DEFAULT_SYSTEM) -> str | None:
+        """The system prompt of a request: reasoning modes add the budget statement."""
+        return reasoning_system(budget, system or DEFAULT_SYSTEM) if mode != "base" else system
+
+    def _prompt(self, messages, mode: str, budget: int | None, system: str | None, reserve: int = 8) -> list[int]:
+        ids = self.prompt_ids(messages, self._prompt_system(mode, budget, system))
+        if len(ids) >= self.context - reserve:
+            raise PromptTooLong(f"The conversation is {len(ids)} tokens; this model's window is {self.context}.")
+        return ids
+
+    def _limits(self, start_len: int, reasoning: bool, budget: int | None, answer_max_tokens: int,
+                cfg: SamplingConfig) -> tuple[int, int]:
+        """(thinking limit, answer limit) for rows whose cache holds `start_len` tokens."""
+        room = self.context - start_len - len(self.markers.forced_close) - 2
+        if not reasoning:
+            return 0, max(1, min(cfg.max_tokens, room))
+        return max(1, min(budget or room, room - answer_max_tokens)), answer_max_tokens
+
+    def _decode(self, cache, logits, rows: list[Row], cfg: SamplingConfig, reasoning: bool, cancel,
+                **extra) -> Iterator[TokenEvent]:
+        return decode_rows(self.model, cache, logits, rows, tokenizer=self.tokenizer, markers=self.markers,
+                           eos_ids=self.eos_ids, cfg=cfg, generator=make_generator(cfg.seed),
+                           adapter=contextlib.nullcontext if reasoning else self._base, cancel=cancel,
+                           verifier=self.verifier, **extra)
+
+    def stream(self, messages: Sequence[dict] | str, sampling: SamplingConfig | None = None, *, mode: str = "base",
+               budget: int | None = 256, answer_max_tokens: int = 256, cancel: threading.Event | None = None,
+               system: str | None = DEFAULT_SYSTEM, trace_key: str | None = None
+               ) -> Iterator[TokenEvent | DoneEvent]:
+        """Yield TokenEvents (kind 'thinking' or 'answer') as text becomes final, then one DoneEvent.
+
+        mode: 'base' answers directly; 'reason' thinks first (needs the adapter); 'auto' lets the switcher decide.
+        budget: thinking tokens before the engine forces the answer (None = up to the context window).
+        trace_key: keep a reasoning answer's trace in memory under this key for `think_longer`.
+        """
+        self._check(mode)
         cfg = sampling or SamplingConfig()
         start = time.perf_counter()
-        sys_prompt = reasoning_system(budget, system or DEFAULT_SYSTEM) if mode != "base" else system
-        ids = self.prompt_ids(messages, sys_prompt)
-        if len(ids) >= self.context - 8:
-            raise PromptTooLong(f"The conversation is {len(ids)} tokens; this model's window is {self.context}.")
-        cache = new_cache(self.model.config, self.kv)
-        self.last_cache = cache
+        ids = self._prompt(messages, mode, budget, system)
+        cache = self.last_cache = new_cache(self.model.config, self.kv)
         logits, decision = self.open_prompt(ids, mode, cache)
-        state = DecodeState(self.model, cache, cfg, make_generator(cfg.seed), torch.tensor([ids]), self.eos_ids,
-                            cancel, logits)
-        if decision.reason:
-            yield from self._reason(state, len(ids), decision, budget, answer_max_tokens, start, thinking_so_far="",
-                                    thinking_ids=[])
-            return
-        room = self.context - len(ids)
-        seg = yield from run_segment(state, self.tokenizer, limit=min(cfg.max_tokens, room), kind="answer",
-                                     stop=cfg.stop, context=self._base)
-        self._trace = None
-        yield DoneEvent(self._answer(seg.text, seg.reason, seg.ids, len(ids), seg.first_token_at, start, cache,
-                                     route=decision, answer_tokens=len(seg.ids)))
+        start_len = cache.get_seq_length()
+        think_limit, answer_limit = self._limits(start_len, decision.reason, budget, answer_max_tokens, cfg)
+        row = new_row(0, self.tokenizer, self.markers, cfg, reasoning=decision.reason, think_limit=think_limit,
+                      answer_limit=answer_limit, seen=ids)
+        yield from self._decode(cache, logits, [row], cfg, decision.reason, cancel)
+        if decision.reason and trace_key is not None and row.think_end is not None:
+            self._keep(trace_key, _Trace(cache, ids, start_len + row.think_end, row.think.text, row.thinking_ids,
+                                         budget))
+        yield DoneEvent(self._answer(row, ids, decision, budget if decision.reason else None, start, cache))
 
-    def think_longer(self, extra_budget: int = 256, cancel: threading.Event | None = None
+    def think_longer(self, messages: Sequence[dict] | str, thinking: str, *, trace_key: str | None = None,
+                     new_trace_key: str | None = None, extra_budget: int = 256, budget: int | None = None,
+                     answer_max_tokens: int = 256, sampling: SamplingConfig | None = None,
+                     system: str | None = DEFAULT_SYSTEM, cancel: threading.Event | None = None
                      ) -> Iterator[TokenEvent | DoneEvent]:
-        """Reopen the last reasoning trace on its cache, think up to `extra_budget` more tokens, answer again."""
-        trace = self._trace
-        if trace is None:
-            raise ValueError("there is no reasoning answer to continue")
-        state = trace.state
-        state.cancel = cancel
-        crop(state.cache, trace.think_end)
-        with torch.inference_mode():
-            state.logits = feed(self.model, self._wait, state.cache)
-        wait_text = self.tokenizer.decode(self._wait)
-        yield TokenEvent(wait_text, "thinking", state.n_tokens)
-        yield from self._reason(state, trace.prompt_len, trace.route, extra_budget, trace.answer_max_tokens,
-                                time.perf_counter(), thinking_so_far=trace.thinking + wait_text,
-                                thinking_ids=trace.thinking_ids + self._wait,
-                                total_budget=(trace.budget or 0) + extra_budget)
+        """Reopen a reasoning answer's trace, think up to `extra_budget` more tokens, answer again.
 
-    def _reason(self, state: DecodeState, prompt_len: int, decision: RouteDecision, budget: int | None,
-                answer_max_tokens: int, start: float, thinking_so_far: str, thinking_ids: list[int],
-                total_budget: int | None = None):
-        cache = state.cache
-        think_start = cache.get_seq_length()
-        room = self.context - think_start - len(self._think_close) - len(self._forced_prefix) - 2
-        limit = max(1, min(budget or room, room - answer_max_tokens))
-        think = yield from run_segment(state, self.tokenizer, limit=limit, kind="thinking", stop=(self._close_marker,))
-        thinking_ids = thinking_ids + (think.ids[:-1] if think.hit_eos else think.ids)  # an eos is replaced by the close
-        closed_by_model = think.stop_char is not None
-        if closed_by_model:  # the model wrote </think> itself: continue after it
-            think_end = think_start + stop_token_index(self.tokenizer, think.ids, think.stop_char)
-            forced_ids = [think.pending]
+        messages: the conversation up to the question (not the reply); thinking: the reply's trace; budget: the
+        budget it was asked with. The trace kept under `trace_key` is continued on its cache when it matches;
+        otherwise the trace is rebuilt by prefilling the prompt (base) and the thinking text (adapter on).
+        The new trace is kept under `new_trace_key`. The Answer's `resumed` says which ('cache' or 'text').
+        """
+        self._check("reason")
+        if extra_budget < 1:
+            raise ValueError("extra_budget must be >= 1")
+        cfg = sampling or SamplingConfig()
+        start = time.perf_counter()
+        ids = self._prompt(messages, "reason", budget, system)
+        trace = self._traces.get(trace_key) if trace_key is not None else None
+        if trace is not None and trace.prompt_ids == ids and trace.thinking == thinking:
+            cache, think_end, thinking_ids, resumed = trace.cache, trace.think_end, trace.thinking_ids, "cache"
+            crop(cache, think_end)
+            del self._traces[trace_key]  # the cache now belongs to the continuation
         else:
-            think_end = think_start + len(think.ids) - (1 if think.pending is None else 0)
-            forced_ids = ([] if think.pending is None else [think.pending]) + self._think_close + self._forced_prefix
-        thinking_text = thinking_so_far + think.text
-        forced = not closed_by_model and think.reason != "cancelled"  # the engine closes the trace itself
-        answer_text, answer_ids, reason = "", [], think.reason
-        if think.reason != "cancelled":
-            with torch.inference_mode():
-                state.logits = feed(self.model, forced_ids, cache)
-            if forced:
-                yield TokenEvent(self._forced_prefix_text, "answer", state.n_tokens)
-            cfg = state.cfg
-            ans = yield from run_segment(state, self.tokenizer, limit=answer_max_tokens, kind="answer", stop=cfg.stop)
-            answer_text = (self._forced_prefix_text if forced else "") + ans.text.lstrip("\n")
-            answer_ids, reason = ans.ids, ans.reason
-        self._trace = _Trace(state, prompt_len, think_end, thinking_text, thinking_ids, total_budget or budget,
-                             answer_max_tokens, decision, start)
-        yield DoneEvent(self._answer(
-            answer_text, reason, thinking_ids + answer_ids, prompt_len, think.first_token_at, start, cache,
-            route=decision, thinking=thinking_text, thinking_tokens=len(thinking_ids), answer_tokens=len(answer_ids),
-            budget=total_budget or budget, budget_forced=forced and think.reason == "length"))
+            cache, thinking_ids = self._rebuild(ids, thinking)
+            think_end, resumed = cache.get_seq_length(), "text"
+        self.last_cache = cache
+        opener = list(self.markers.think_longer)
+        think_limit, answer_limit = self._limits(think_end + len(opener), True, extra_budget, answer_max_tokens, cfg)
+        row = new_row(0, self.tokenizer, self.markers, cfg, reasoning=True, think_limit=think_limit,
+                      answer_limit=answer_limit, seen=ids + thinking_ids, pending=opener)
+        row.thinking_before = len(thinking_ids) + len(opener)
+        yield TokenEvent(self.markers.think_longer_text, "thinking", row.thinking_before - 1)
+        yield from self._decode(cache, None, [row], cfg, True, cancel)
+        prior, prior_ids = thinking + self.markers.think_longer_text, thinking_ids + opener
+        total_budget = (budget or 0) + extra_budget
+        if new_trace_key is not None and row.think_end is not None:
+            self._keep(new_trace_key, _Trace(cache, ids, think_end + row.think_end, prior + row.think.text,
+                                             prior_ids + row.thinking_ids, budget))
+        yield DoneEvent(self._answer(row, ids, RouteDecision(True, None, "mode"), total_budget, start, cache,
+                                     prior=prior, prior_ids=prior_ids, resumed=resumed))
 
-    def _answer(self, text, reason, out_ids, prompt_len, first_at, start, cache, **extra) -> Answer:
+    def _rebuild(self, ids: list[int], thinking: str) -> tuple[object, list[int]]:
+        """A trace's cache from its text: the prompt and `<think>` by the base model, the trace with the adapter."""
+        thinking_ids = self.tokenizer(thinking, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+        if len(ids) + len(thinking_ids) + 64 >= self.context:
+            raise PromptTooLong("The conversation and its thinking no longer fit in this model's window.")
+        cache = new_cache(self.model.config, self.kv)
+        with self._base(), torch.inference_mode():
+            self.model(input_ids=torch.tensor([ids + list(self.markers.think_open)]), cache=cache, use_cache=True,
+                       logits_to_keep=1)
+        if thinking_ids:
+            with torch.inference_mode():
+                self.model(input_ids=torch.tensor([thinking_ids]), cache=cache, use_cache=True, logits_to_keep=1)
+        return cache, thinking_ids
+
+    def _keep(self, key: str, trace: _Trace) -> None:
+        self._traces.pop(key, None)
+        self._traces[key] = trace
+        while len(self._traces) > KEPT_TRACES:
+            self._traces.popitem(last=False)
+
+    def has_trace(self, key: str) -> bool:
+        """Whether a trace is in memory under `key` (think longer then needs no re-prefill)."""
+        return key in self._traces
+
+    def _answer(self, row: Row, ids, decision: RouteDecision, budget, start, cache, prior: str = "",
+                prior_ids: Sequence[int] = (), resumed: str | None = None) -> Answer:
         end = time.perf_counter()
-        first_at = first_at or end
-        n = len(out_ids)
+        first_at = row.first_token_at or end
+        out_ids = list(prior_ids) + row.thinking_ids + row.answer_ids
+        n = len(row.thinking_ids) + len(row.answer_ids)
         stats = GenerationStats(
-            prompt_tokens=prompt_len, completion_tokens=n, ttft_s=first_at - start,
+            prompt_tokens=len(ids), completion_tokens=n, ttft_s=first_at - start,
             decode_tok_s=(n - 1) / (end - first_at) if n > 1 and end > first_at else 0.0,
             total_s=end - start, kv_cache_bytes=cache_bytes(cache), precision=self.precision, kv=self.kv,
         )
-        adapter = self.adapter_name if extra.get("route") and extra["route"].reason else None
-        return Answer(text, reason, stats, self.model_id, tuple(out_ids), adapter=adapter, **extra)
+        reasoning = decision.reason
+        return Answer(row.answer_text(self.markers), row.finish or "cancelled",
+                      stats, self.model_id, tuple(out_ids), thinking=prior + row.think.text,
+                      thinking_tokens=len(prior_ids) + len(row.thinking_ids), answer_tokens=len(row.answer_ids),
+                      budget=budget, budget_forced=row.budget_hit, route=decision,
+                      adapter=self.adapter_name if reasoning else None, resumed=resumed)
 
     def parallel(self, messages: Sequence[dict] | str, sampling: SamplingConfig | None = None, *, n: int = 4,
-                 **kw) -> Iterator[TokenEvent | DoneEvent]:
-        """N answers sampled from one prefill and voted on (see core.parallel)."""
-        from .parallel import stream_parallel
+                 mode: str = "reason", budget: int | None = 256, answer_max_tokens: int = 256,
+                 cancel: threading.Event | None = None, system: str | None = DEFAULT_SYSTEM
+                 ) -> Iterator[TokenEvent | DoneEvent]:
+        """N answers sampled from one prefill, decoded as one batch and voted on.
 
-        return stream_parallel(self, messages, sampling, n=n, **kw)
+        With a verifier and a reasoning route each row ends with the verification prompt and the vote is
+        verifier-weighted; otherwise (no verifier, or `auto` routed to the base model, whose states the
+        verifier was not trained on) it is a plain majority. TokenEvents carry their stream index.
+        """
+        if not 1 <= n <= MAX_STREAMS:
+            raise ValueError(f"parallel answers must be between 1 and {MAX_STREAMS}")
+        self._check(mode)
+        cfg = sampling or SamplingConfig()
+        start = time.perf_counter()
+        ids = self._prompt(messages, mode, budget, system, reserve=64)
+        cache = new_cache(self.model.config, self.kv)
+        logits, decision = self.open_prompt(ids, mode, cache)
+        start_len = cache.get_seq_length()
+        cache = self.last_cache = fork(cache, n)
+        kv_bytes = cache_bytes(cache)
+        verify = decision.reason and self.verifier is not None
+        think_limit, answer_limit = self._limits(start_len + len(self.markers.verify), decision.reason, budget,
+                                                 answer_max_tokens, cfg)
+        rows = [new_row(i, self.tokenizer, self.markers, cfg, reasoning=decision.reason, think_limit=think_limit,
+                        answer_limit=answer_limit, verify=verify, seen=ids) for i in range(n)]
+        yield from self._decode(cache, logits.expand(n, -1), rows, cfg, decision.reason, cancel)
+        yield DoneEvent(self._combine(rows, ids, decision, budget if decision.reason else None, start, kv_bytes))
+
+    def _combine(self, rows: list[Row], ids, decision, budget, start, kv_bytes) -> Answer:
+        candidates = []
+        for row in rows:
+            text = row.answer_text(self.markers)
+            candidates.append(Candidate(row.index, text, row.think.text, extract_answer(text), row.score,
+                                        len(row.thinking_ids), len(row.answer_ids), row.budget_hit,
+                                        row.finish or "cancelled"))
+        scored = all(c.score is not None for c in candidates)
+        method = "weighted" if scored else "majority"
+        result = vote([c.final_answer for c in candidates], [c.score if scored else 1.0 for c in candidates], method)
+        chosen = result.winner_index if result.winner_index is not None else 0
+        best = candidates[chosen]
+        end = time.perf_counter()
+        stamps = [r.first_token_at for r in rows if r.first_token_at is not None]
+        first_at = min(stamps) if stamps else end
+        produced = sum(c.thinking_tokens + c.answer_tokens for c in candidates)
+        stats = GenerationStats(prompt_tokens=len(ids), completion_tokens=produced, ttft_s=first_at - start,
+                                decode_tok_s=produced / (end - first_at) if end > first_at else 0.0,
+                                total_s=end - start, kv_cache_bytes=kv_bytes, precision=self.precision, kv=self.kv)
+        reason = "cancelled" if any(c.finish_reason == "cancelled" for c in candidates) else best.finish_reason
+        return Answer(best.text, reason, stats, self.model_id, (), thinking=best.thinking,
+                      thinking_tokens=best.thinking_tokens, answer_tokens=best.answer_tokens, budget=budget,
+                      budget_forced=best.budget_forced, route=decision,
+                      adapter=self.adapter_name if decision.reason else None, candidates=tuple(candidates),
+                      vote_table=result.table, vote_method=method, chosen=chosen,
+                      vote_tie=bool(getattr(result, "tie", False)))
+
+    def generate_batch(self, prompts: Sequence[Sequence[dict] | str], sampling: SamplingConfig | None = None, *,
+                       mode: str = "base", budget: int | None = 256, answer_max_tokens: int = 256,
+                       system: str | None = DEFAULT_SYSTEM) -> list[Answer]:
+        """Answers to K different prompts decoded as one batch (left-padded prefill), for evaluation throughput.
+
+        Same prompts, rules and weights as `stream`; only the batching differs, so results can differ from
+        one-at-a-time runs in the last bits of floating point. `auto` is not batched (its route is per prompt).
+        """
+        if mode == "auto":
+            raise ValueError("generate_batch takes mode 'base' or 'reason'")
+        self._check(mode)
+        cfg = sampling or SamplingConfig()
+        reasoning = mode == "reason"
+        start = time.perf_counter()
+        prompt_ids = [self._prompt(p, mode, budget, system) for p in prompts]
+        opener = list(self.markers.think_open) if reasoning else []
+        seqs = [ids + opener for ids in prompt_ids]
+        width = max(len(s) for s in seqs)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        input_ids = torch.tensor([[pad] * (width - len(s)) + s for s in seqs])
+        mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in seqs])
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = new_cache(self.model.config, self.kv)
+        with self._base(), torch.inference_mode():
+            logits = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, cache=cache,
+                                use_cache=True, logits_to_keep=1).logits[:, -1]
+        think_limit, answer_limit = self._limits(width, reasoning, budget, answer_max_tokens, cfg)
+        rows = [new_row(i, self.tokenizer, self.markers, cfg, reasoning=reasoning, think_limit=think_limit,
+                        answer_limit=answer_limit, seen=ids) for i, ids in enumerate(prompt_ids)]
+        for _event in self._decode(cache, logits, rows, cfg, reasoning, None, mask=mask, next_pos=positions[:, -1] + 1):
+            pass
+        decision = RouteDecision(reasoning, None, "mode")
+        return [self._answer(row, ids, decision, budget if reasoning else None, start, cache)
+                for row, ids in zip(rows, prompt_ids, strict=True)]
 
     def generate(self, messages: Sequence[dict] | str, sampling: SamplingConfig | None = None, **kw) -> Answer:
         """Run `stream` to the end and return the Answer."""
@@ -228,4 +357,3 @@ def collect(events: Iterator) -> Answer:
         if isinstance(event, DoneEvent):
             return event.answer
     raise RuntimeError("stream ended without an answer")
-

@@ -17,7 +17,6 @@ from .config import EngineConfig, SamplingConfig
 from .datasets import load_items
 from .decode import prefill
 from .events import DoneEvent
-from .parallel import stream_parallel
 from .prompts import reasoning_system
 from .voting import is_correct, score_candidates
 
@@ -26,7 +25,7 @@ def run_one(engine, item, args, sampling):
     kw = {"mode": args.mode, "budget": args.budget or None, "answer_max_tokens": args.answer_max_tokens}
     if args.system:
         kw["system"] = args.system
-    events = (stream_parallel(engine, item.prompt, sampling, n=args.parallel, **kw) if args.parallel > 1
+    events = (engine.parallel(item.prompt, sampling, n=args.parallel, **kw) if args.parallel > 1
               else engine.stream(item.prompt, sampling, **kw))
     for event in events:
         if isinstance(event, DoneEvent):
@@ -36,19 +35,16 @@ def run_one(engine, item, args, sampling):
 
 def batched_rows(engine, items, args) -> list[dict]:
     """Greedy rows for `--batch K`: K questions decoded together (same rules as one at a time)."""
-    from .batch_decode import greedy_batch
-
     reasoning = args.mode == "reason"
-    system = args.system or DEFAULT_SYSTEM
-    system = reasoning_system(args.budget or None, system) if reasoning else system
-    room = engine.context - args.answer_max_tokens - 64
+    greedy = SamplingConfig(temperature=0, top_k=0, top_p=1.0, repetition_penalty=1.0, max_tokens=args.max_tokens)
     rows = []
     for start in range(0, len(items), args.batch):
         chunk = items[start:start + args.batch]
         t = time.perf_counter()
-        results = greedy_batch(engine, [engine.prompt_ids(i.prompt, system) for i in chunk], reasoning=reasoning,
-                               think_limit=min(args.budget or room, room),
-                               answer_limit=args.answer_max_tokens if reasoning else args.max_tokens)
+        answers = engine.generate_batch([i.prompt for i in chunk], greedy, mode=args.mode, budget=args.budget or None,
+                                        answer_max_tokens=args.answer_max_tokens, system=args.system or DEFAULT_SYSTEM)
+        results = [{"text": a.text, "thinking": a.thinking, "thinking_tokens": a.thinking_tokens,
+                    "answer_tokens": a.answer_tokens, "budget_forced": a.budget_forced} for a in answers]
         per_question = (time.perf_counter() - t) / len(chunk)
         for item, r in zip(chunk, results, strict=True):
             rows.append({"index": getattr(args, "offset", 0) + len(rows), "correct": is_correct(r["text"], item.gold),

@@ -89,6 +89,10 @@ class Answer:
     vote_method: str | None = None
     chosen: int | None = None
     """Index of the candidate whose text is the reply."""
+    vote_tie: bool = False
+    """Several answers shared the top of the vote; the earliest candidate's is the reply."""
+    resumed: str | None = None
+    """For "think longer": 'cache' (continued on the kept cache) or 'text' (the trace was re-prefilled)."""
 
 
 @dataclass(frozen=True)

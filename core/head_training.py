@@ -18,7 +18,6 @@ from .cache import new_cache
 from .config import SamplingConfig
 from .datasets import Item
 from .decode import prefill
-from .parallel import stream_parallel
 from .prompts import reasoning_system
 from .voting import is_correct
 
@@ -127,7 +126,7 @@ def verifier_data(engine, items: list[Item], *, samples: int = 4, budget: int = 
         for k, item in enumerate(items):
             cfg = SamplingConfig(temperature=temperature, top_p=SAMPLING_TOP_P, top_k=0, repetition_penalty=1.0, seed=seed + k)
             answer = None
-            for event in stream_parallel(engine, item.prompt, cfg, n=samples, mode="reason", budget=budget,
+            for event in engine.parallel(item.prompt, cfg, n=samples, mode="reason", budget=budget,
                                          answer_max_tokens=answer_max_tokens):
                 answer = getattr(event, "answer", answer)
             for c in answer.candidates:

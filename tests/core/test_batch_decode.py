@@ -1,10 +1,7 @@
 """Batched greedy evaluation follows the engine's rules: the same answers as one prompt at a time."""
 import pytest
 
-from core.batch_decode import greedy_batch
-from core.chat_format import DEFAULT_SYSTEM
 from core.config import SamplingConfig
-from core.prompts import reasoning_system
 from tests.tiny import make_reasoning_engine
 
 PROMPTS = ["What is 2+2?", "Name three colours of the rainbow, please, in order.", "hi"]
@@ -19,12 +16,9 @@ def engine():
 @pytest.mark.parametrize("mode,kv", [("base", "bf16"), ("reason", "bf16"), ("reason", "int8")])
 def test_batched_greedy_matches_one_at_a_time(engine, mode, kv):
     engine.kv = kv
-    system = reasoning_system(6, DEFAULT_SYSTEM) if mode == "reason" else DEFAULT_SYSTEM
-    batched = greedy_batch(engine, [engine.prompt_ids(p, system) for p in PROMPTS], reasoning=mode == "reason",
-                           think_limit=6, answer_limit=5 if mode == "reason" else 12)
+    batched = engine.generate_batch(PROMPTS, GREEDY, mode=mode, budget=6, answer_max_tokens=5)
     for prompt, got in zip(PROMPTS, batched, strict=True):
         one = engine.generate(prompt, GREEDY, mode=mode, budget=6, answer_max_tokens=5)
-        assert got["text"] == one.text
-        assert got["thinking"] == one.thinking and got["thinking_tokens"] == one.thinking_tokens
-        assert got["budget_forced"] == one.budget_forced
-        assert got["answer_tokens"] == (one.answer_tokens if mode == "reason" else one.stats.completion_tokens)
+        assert got.text == one.text and got.token_ids == one.token_ids
+        assert got.thinking == one.thinking and got.thinking_tokens == one.thinking_tokens
+        assert got.budget_forced == one.budget_forced and got.answer_tokens == one.answer_tokens

@@ -6,7 +6,6 @@ from core import adapters
 from core.config import SamplingConfig
 from core.engine import Engine
 from core.events import DoneEvent, TokenEvent
-from core.parallel import stream_parallel
 from core.verifier import Verifier
 from models.heads import VerifierHead, chunk_ema, load_head, save_head
 from tests.tiny import make_model, make_tokenizer
@@ -26,7 +25,7 @@ def make_engine(with_verifier: bool):
 
 def test_four_streams_one_prefill_with_scores_and_vote():
     engine = make_engine(with_verifier=True)
-    events = list(stream_parallel(engine, "What is 2+3?", SAMPLE, n=4, mode="reason", budget=6, answer_max_tokens=5))
+    events = list(engine.parallel("What is 2+3?", SAMPLE, n=4, mode="reason", budget=6, answer_max_tokens=5))
     answer = events[-1].answer
     assert isinstance(events[-1], DoneEvent) and len(answer.candidates) == 4
     assert {e.stream for e in events if isinstance(e, TokenEvent)} <= {0, 1, 2, 3}
@@ -40,7 +39,7 @@ def test_four_streams_one_prefill_with_scores_and_vote():
 
 def test_streams_match_their_events_and_seed_repeats():
     engine = make_engine(with_verifier=False)
-    run = lambda: list(stream_parallel(engine, "hi", SAMPLE, n=3, mode="base"))  # noqa: E731
+    run = lambda: list(engine.parallel("hi", SAMPLE, n=3, mode="base"))  # noqa: E731
     a, b = run(), run()
     assert [c.text for c in a[-1].answer.candidates] == [c.text for c in b[-1].answer.candidates]
     for c in a[-1].answer.candidates:

@@ -2,7 +2,7 @@
 import pytest
 
 from core.config import SamplingConfig
-from core.events import DoneEvent, TokenEvent
+from core.events import TokenEvent
 from core.prompts import reasoning_system
 from tests.tiny import make_reasoning_engine
 
@@ -44,9 +44,8 @@ def test_one_prefill_serves_the_whole_request(reasoning_engine):
     finally:
         handle.remove()
     prompt = answer.stats.prompt_tokens
-    forced = len(reasoning_engine._think_open) + (len(reasoning_engine._think_close) +
-                                                   len(reasoning_engine._forced_prefix)
-                                                   if answer.text.startswith("Final answer: ") else 0)
+    markers = reasoning_engine.markers
+    forced = len(markers.think_open) + (len(markers.forced_close) if answer.text.startswith("Final answer: ") else 0)
     # prompt once + forced markers + every generated token except the last: nothing is re-encoded
     assert counter["tokens"] == prompt + forced + answer.stats.completion_tokens - 1
 
@@ -62,7 +61,7 @@ def test_reasoning_starts_from_the_prefill_logits(reasoning_engine):
     finally:
         handle.remove()
         hook.remove()
-    assert calls[0] == answer.stats.prompt_tokens + len(reasoning_engine._think_open)
+    assert calls[0] == answer.stats.prompt_tokens + len(reasoning_engine.markers.think_open)
     assert calls[1] == 1  # the second thinking token: already a plain decode step
 
 
@@ -88,15 +87,6 @@ def test_base_mode_never_thinks_and_auto_without_switcher_is_base(reasoning_engi
     for mode in ("base", "auto"):
         answer = reasoning_engine.generate("hello", GREEDY, mode=mode)
         assert answer.thinking == "" and answer.thinking_tokens == 0 and not answer.route.reason
-
-
-def test_think_longer_continues_on_the_same_cache(reasoning_engine):
-    first = reasoning_engine.generate("What is 2+2?", GREEDY, mode="reason", budget=5, answer_max_tokens=3)
-    events = list(reasoning_engine.think_longer(extra_budget=6))
-    more = events[-1].answer
-    assert isinstance(events[-1], DoneEvent)
-    assert more.thinking.startswith(first.thinking) and len(more.thinking) > len(first.thinking)
-    assert more.budget == 11 and more.stats.prompt_tokens == first.stats.prompt_tokens
 
 
 def test_reason_mode_without_adapter_is_a_clear_error(tiny_engine):
