@@ -39,25 +39,113 @@ def test_install_is_complete_and_verified(installed):
     assert (m.hf_dir / "model.safetensors").is_file() and (m.folder / "w4-h4" / "model.safetensors").is_file()
 
 
-def test_w4a16kv8_answers_arithmetic(engine):
-    answer = engine.generate("What is 17*23?", SamplingConfig(temperature=0, max_tokens=64))
-    assert "391" in answer.text
-    assert answer.finish_reason == "stop" and answer.stats.decode_tok_s > 0
+# Teacher-forced checks: the greedy text of a 4-bit 0.5B model depends on the CPU's kernels (17*23 decodes to
+# "391" on a Xeon and "401" on an EPYC), so these tests assert rates over fixed inputs, never one exact output.
+# Measured on an AMD EPYC (AVX-512): agreement 0.930, sums 12/12; the same CPU limited to AVX2
+# (ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2, weights re-packed): 0.926, 12/12. Floors leave margin.
+AGREEMENT_FLOOR = 0.85
+ARITHMETIC_FLOOR = 10
+SYSTEM = "Answer briefly."  # short: every token of the prompts is prefilled twice per test
+PAIRS = [  # (user message, a reply fed to both models)
+    ("What is 17*23?", "17 multiplied by 23 equals 391."),
+    ("What is the capital of France?", "The capital of France is Paris."),
+    ("Write a Python function that returns the square of a number.",
+     "```python\ndef square(x):\n    return x * x\n```"),
+    ("How many days are in a week?", "There are 7 days in a week."),
+    ("Translate 'thank you' into Spanish.", "'Thank you' in Spanish is 'gracias'."),
+    ("Name three primary colors.", "The three primary colors are red, blue and yellow."),
+    ("What does HTML stand for?", "HTML stands for HyperText Markup Language."),
+    ("Write a for loop in Python that prints the numbers 1 to 5.",
+     "```python\nfor i in range(1, 6):\n    print(i)\n```"),
+    ("What is the boiling point of water in Celsius?", "Water boils at 100 degrees Celsius at sea level."),
+    ("Give me a synonym for 'happy'.", "A synonym for 'happy' is 'joyful'."),
+    ("What is 12 + 30?", "12 + 30 = 42."),
+    ("Explain what a variable is in programming.",
+     "A variable is a named place in memory that stores a value, which the program can read and change."),
+    ("Sort the list [3, 1, 2] in Python.", "You can use `sorted([3, 1, 2])`, which returns `[1, 2, 3]`."),
+    ("Who wrote Romeo and Juliet?", "Romeo and Juliet was written by William Shakespeare."),
+    ("What is the largest planet in our solar system?", "The largest planet in our solar system is Jupiter."),
+    ("How do I reverse a string in Python?", "Use slicing: `text[::-1]` returns the string reversed."),
+    ("What is the square root of 81?", "The square root of 81 is 9."),
+    ("Write a SQL query that selects all rows from a table named users.", "```sql\nSELECT * FROM users;\n```"),
+    ("Why is the sky blue?",
+     "The sky looks blue because air molecules scatter short blue wavelengths of sunlight more than red ones."),
+    ("Convert 2 hours into minutes.", "2 hours is 120 minutes."),
+]
+ARITHMETIC = [(a, op, b) for a, op, b in [(7, "+", 5), (9, "+", 8), (15, "-", 6), (6, "*", 7), (8, "*", 3),
+                                          (20, "+", 22), (100, "-", 1), (12, "*", 2), (3, "*", 9), (50, "+", 25),
+                                          (14, "-", 9), (11, "*", 11)]]
 
 
-def test_w4_keeps_bf16_quality(installed, engine):
-    """Greedy next-token agreement of W4A16KV8 with the bf16 model over a real prompt."""
+def top1(model, kv: str, rows: list[tuple[list[int], int]], batch: int = 20) -> list[list[int]]:
+    """The model's top-1 next token at every position from `start` on, for each (ids, start), teacher-forced:
+    rows decode together, right-padded (padding only follows the tokens that matter), logits only where needed."""
     from core.cache import new_cache
+
+    out = []
+    for i in range(0, len(rows), batch):
+        chunk = rows[i:i + batch]
+        length, first = max(len(ids) for ids, _ in chunk), min(start for _, start in chunk)
+        ids = torch.tensor([ids + [0] * (length - len(ids)) for ids, _ in chunk])
+        with torch.inference_mode():
+            logits = model(input_ids=ids, cache=new_cache(model.config, kv), use_cache=True,
+                           logits_to_keep=torch.arange(first, length)).logits
+        top = logits.argmax(-1)
+        out += [top[j, start - first:len(ids_) - first].tolist() for j, (ids_, start) in enumerate(chunk)]
+    return out
+
+
+def reply_rows(engine, pairs=PAIRS) -> list[tuple[list[int], int]]:
+    """Prompt + reply ids, and the position whose prediction is the reply's first token."""
+    rows = []
+    for question, reply in pairs:
+        prompt = engine.prompt_ids(question, SYSTEM)
+        rows.append((prompt + engine.tokenizer(reply, add_special_tokens=False)["input_ids"], len(prompt) - 1))
+    return rows
+
+
+def agreement(engine, bf16, pairs=PAIRS, detail=False):
+    """Top-1 next-token agreement of the W4A16KV8 model with bf16 on every reply position (teacher-forced)."""
+    rows = [(ids[:-1], start) for ids, start in reply_rows(engine, pairs)]  # the last token predicts nothing
+    per = [(sum(g == r for g, r in zip(got, ref, strict=True)), len(got))
+           for got, ref in zip(top1(engine.model, "int8", rows), top1(bf16, "bf16", rows), strict=True)]
+    return per if detail else sum(a for a, _ in per) / sum(n for _, n in per)
+
+
+def arithmetic_hits(engine, model, kv: str) -> int:
+    """Easy sums the model gets right: every token of the result is its top-1 choice after "a op b =" (forced)."""
+    rows, answers = [], []
+    for a, op, b in ARITHMETIC:
+        prompt = engine.prompt_ids(f"What is {a}{op}{b}?", SYSTEM) + engine.tokenizer(f"{a} {op} {b} =",
+                                                                              add_special_tokens=False)["input_ids"]
+        answer = engine.tokenizer(f" {({'+': a + b, '-': a - b, '*': a * b}[op])}",
+                                  add_special_tokens=False)["input_ids"]
+        rows.append(((prompt + answer)[:-1], len(prompt) - 1))
+        answers.append(answer)
+    return sum(top == answer for top, answer in zip(top1(model, kv, rows), answers, strict=True))
+
+
+@pytest.fixture(scope="module")
+def bf16(installed):
     from core.loading import load_model
 
-    bf16 = load_model(installed.get(DEFAULT_MODEL_ID), EngineConfig(precision="bf16", kv="bf16"))
-    text = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n    if n < 2:\n        return n\n"
-    ids = engine.tokenizer(text, return_tensors="pt")["input_ids"]
-    with torch.inference_mode():
-        ref = bf16(input_ids=ids, cache=new_cache(bf16.config, "bf16"), use_cache=True).logits.argmax(-1)
-        got = engine.model(input_ids=ids, cache=new_cache(engine.model.config, "int8"), use_cache=True).logits.argmax(-1)
-    agreement = (ref == got).float().mean().item()
-    assert agreement > 0.8, agreement
+    return load_model(installed.get(DEFAULT_MODEL_ID), EngineConfig(precision="bf16", kv="bf16"))
+
+
+def test_w4a16kv8_generates_and_stops(engine):
+    answer = engine.generate("What is 17*23?", SamplingConfig(temperature=0, max_tokens=96))
+    assert answer.finish_reason == "stop" and answer.text.strip() and answer.stats.decode_tok_s > 0
+
+
+def test_w4_keeps_bf16_quality(engine, bf16):
+    """Top-1 agreement of W4A16KV8 (adapter off) with the bf16 model over 20 chat replies, and easy sums."""
+    from core import adapters
+
+    with adapters.base(engine.model):
+        rate = agreement(engine, bf16)
+        sums = arithmetic_hits(engine, engine.model, "int8")
+    assert rate >= AGREEMENT_FLOOR, rate
+    assert sums >= ARITHMETIC_FLOOR, sums
 
 
 def test_user_text_cannot_forge_turns(engine):
@@ -69,16 +157,14 @@ def test_user_text_cannot_forge_turns(engine):
 
 def test_shipped_reasoning_components_load_and_answer(engine):
     """The shipped adapter, switcher and verifier attach to the embedded model and work end to end."""
-    from core.parallel import stream_parallel
-
     assert engine.can_reason and engine.router is not None and engine.verifier is not None
     answer = engine.generate("What is 17*23?", SamplingConfig(temperature=0), mode="reason", budget=96,
                              answer_max_tokens=32)
     assert answer.route.reason and answer.adapter and 0 < answer.thinking_tokens <= 96
     routed = engine.generate("Write a haiku about the sea.", SamplingConfig(temperature=0, max_tokens=4), mode="auto",
                              budget=64, answer_max_tokens=8)
-    assert routed.route.source == "switcher" and routed.route.reason is False
-    events = list(stream_parallel(engine, "What is 6*7?", SamplingConfig(temperature=0.7, seed=0), n=2, mode="reason",
+    assert routed.route.source == "switcher" and routed.route.reason is False, routed.route.probability
+    events = list(engine.parallel("What is 6*7?", SamplingConfig(temperature=0.7, seed=0), n=2, mode="reason",
                                   budget=48, answer_max_tokens=16))
     result = events[-1].answer
     assert len(result.candidates) == 2 and result.chosen in (0, 1)
