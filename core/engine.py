@@ -310,7 +310,7 @@ class Engine:
                       budget_forced=best.budget_forced, route=decision,
                       adapter=self.adapter_name if decision.reason else None, candidates=tuple(candidates),
                       vote_table=result.table, vote_method=method, chosen=chosen,
-                      vote_tie=bool(getattr(result, "tie", False)))
+                      vote_tie=result.tie)
 
     def generate_batch(self, prompts: Sequence[Sequence[dict] | str], sampling: SamplingConfig | None = None, *,
                        mode: str = "base", budget: int | None = 256, answer_max_tokens: int = 256,
