@@ -307,8 +307,7 @@ class ChatController(QObject):
         self.messagesChanged.emit()
 
     def _remove(self, cid: str, ids: tuple) -> None:
-        marks = ",".join("?" * len(ids))
-        self.store.db["messages"].delete_where(f"conversation_id = ? AND id IN ({marks})", [cid, *ids])
+        self.store.delete_messages(cid, ids)
 
     def pick_candidate(self, message_id: int, index: int) -> None:
         """Use another candidate's answer as the reply."""

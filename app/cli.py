@@ -12,7 +12,7 @@ import sys
 import threading
 
 from core.config import KV_FORMATS, EngineConfig, SamplingConfig
-from models.errors import ModelError
+from models.errors import InvalidModelId, ModelError
 from models.quantization import PRECISIONS
 from models.registry import DEFAULT_MODEL_ID, KNOWN_MODELS
 
@@ -186,6 +186,8 @@ def cmd_ask(args) -> int:
     bar = TerminalProgress()
     engine = load_engine(cfg, progress=bar, reasoning=args.mode != "base")
     bar.close()
+    for warning in engine.warnings:
+        print(f"ponder: warning: {warning}", file=sys.stderr)
     cancel = threading.Event()
     _install_sigint(cancel)
     kwargs = {"cancel": cancel, "mode": args.mode, "budget": args.budget or None,
@@ -342,6 +344,9 @@ def run_cli(argv: list[str]) -> int:
     handlers = {"ask": cmd_ask, "models": cmd_models, "setup": cmd_setup, "bench": cmd_bench}
     try:
         return handlers[args.command](args)
+    except InvalidModelId as err:  # a usage error, like any other bad value
+        print(f"ponder: {err}", file=sys.stderr)
+        return 2
     except ModelError as err:
         print(f"ponder: {err}", file=sys.stderr)
         return 1

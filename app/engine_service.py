@@ -28,6 +28,8 @@ class EngineService(QObject):
     answerFinished = Signal(object)
     """A core.events.Answer."""
     failed = Signal(str)
+    warned = Signal(str)
+    """Something the user should know that did not stop loading (e.g. a damaged adapter was skipped)."""
 
     def __init__(self, config: EngineConfig | None = None, engine=None, store=None):
         super().__init__()
@@ -75,6 +77,8 @@ class EngineService(QObject):
             self.failed.emit(str(err))
             return False
         self.stateChanged.emit("ready")
+        for warning in getattr(self._engine, "warnings", ()):
+            self.warned.emit(warning)
         return True
 
     @property

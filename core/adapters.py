@@ -46,6 +46,22 @@ def load_adapter(model: nn.Module, folder: Path, trainable: bool = False):
     return peft_model
 
 
+def check_adapter(folder: Path) -> None:
+    """Raise ValueError when a saved adapter cannot be read whole (bad config JSON, damaged safetensors), before
+    peft starts changing the model in place."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    try:
+        config = json.loads((folder / "adapter_config.json").read_text())
+        if not isinstance(config, dict) or "r" not in config:
+            raise ValueError("adapter_config.json is not a LoRA config")
+        if not load_file(str(folder / "adapter_model.safetensors")):
+            raise ValueError("adapter_model.safetensors holds no tensors")
+    except Exception as err:  # OSError, JSON errors, and safetensors' own error types
+        raise ValueError(f"it is damaged ({err})") from err
+
+
 def is_adapted(model: nn.Module) -> bool:
     return hasattr(model, "disable_adapter") and hasattr(model, "peft_config")
 

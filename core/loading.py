@@ -109,6 +109,28 @@ def load_head_component(installed: InstalledModel, kind: str, load: Callable[[Pa
     return None
 
 
+def _attach_adapter(model, installed: InstalledModel, warnings: list[str]):
+    """(model, adapter name): the first reasoning adapter that fits these base weights and reads whole; a damaged
+    or mismatched one is skipped with a warning (the user's falls back to the shipped one, else none)."""
+    fingerprint = adapters.base_fingerprint(installed.hf_dir)
+    for folder in component_dirs(installed, "reasoning"):
+        try:
+            try:
+                meta = adapters.adapter_meta(folder)
+            except ValueError as err:
+                raise ValueError(f"it is damaged ({err})") from err
+            if meta.get("base_fingerprint") not in (None, fingerprint):
+                raise ValueError("it was trained on other base weights")
+            adapters.check_adapter(folder)
+        except ValueError as err:
+            msg = f"Not loading the reasoning adapter in {folder}: {err}."
+            log.warning("%s", msg)
+            warnings.append(msg)
+            continue
+        return adapters.load_adapter(model, folder), meta.get("name", "reasoning")
+    return model, None
+
+
 def load_engine(cfg: EngineConfig | None = None, store: ModelStore | None = None,
                 progress: Progress | None = None, reasoning: bool = True) -> Engine:
     """Everything needed to answer: check memory, load weights at the precision, attach the reasoning adapter,
@@ -124,17 +146,7 @@ def load_engine(cfg: EngineConfig | None = None, store: ModelStore | None = None
     router = verifier = adapter_name = None
     warnings: list[str] = []
     if reasoning:
-        adapter_dir = find_component(installed, "reasoning")
-        if adapter_dir is not None:
-            meta = adapters.adapter_meta(adapter_dir)
-            fingerprint = adapters.base_fingerprint(installed.hf_dir)
-            if meta.get("base_fingerprint") not in (None, fingerprint):
-                msg = f"The reasoning adapter in {adapter_dir} was trained on other base weights; not loading it."
-                log.warning("%s", msg)
-                warnings.append(msg)
-            else:
-                model = adapters.load_adapter(model, adapter_dir)
-                adapter_name = meta.get("name", "reasoning")
+        model, adapter_name = _attach_adapter(model, installed, warnings)
         router = load_head_component(installed, "switcher", Router.load, warnings)
         verifier = load_head_component(installed, "verifier", Verifier.load, warnings)
     engine = Engine(model, tokenizer, model_id=cfg.model_id, precision=cfg.precision, kv=cfg.kv, context=cfg.context,

@@ -160,6 +160,13 @@ class ChatStore:
             fields["meta"] = json.dumps(fields["meta"])
         self.db["messages"].update(mid, fields)
 
+    def delete_messages(self, cid: str, ids) -> None:
+        """Drop these messages of conversation `cid` (a reply replaced by a finished new one)."""
+        ids = list(ids)
+        if ids:
+            marks = ",".join("?" * len(ids))
+            self.db["messages"].delete_where(f"conversation_id = ? AND id IN ({marks})", [cid, *ids])
+
     def delete_messages_after(self, cid: str, mid: int) -> None:
         """Drop message `mid` and everything after it (regenerate / edit-and-resend)."""
         self.db["messages"].delete_where("conversation_id = ? AND id >= ?", [cid, mid])

@@ -72,6 +72,7 @@ class MainWindow(QMainWindow):
         s.progress.connect(self.on_progress)
         s.busyChanged.connect(self.on_busy)
         s.failed.connect(self.on_failed)
+        s.warned.connect(lambda text: show_info(self, "Ponder", text))
         s.answerFinished.connect(self.on_answer)
         c.conversationsChanged.connect(self.refresh_conversations)
         c.messagesChanged.connect(self.render)

@@ -48,3 +48,20 @@ def test_load_failure_reported_not_raised(loop, store):
     assert ok is False and errors and "not" in errors[0]
     assert QApplication.instance() is not None
     service.shutdown()
+
+
+def test_a_skipped_damaged_adapter_reaches_the_user(loop, tiny_store):
+    from core import adapters
+    from core.config import EngineConfig
+    from tests.conftest import TINY_ID
+    from tests.tiny import make_model
+
+    folder = tiny_store.get(TINY_ID).folder / "components" / "reasoning"
+    adapters.save_adapter(adapters.attach_new(make_model(448), rank=4), folder, {"name": "mine"})
+    (folder / "adapter_model.safetensors").write_bytes(b"not safetensors")
+    service = EngineService(EngineConfig(model_id=TINY_ID, precision="bf16", kv="bf16"), store=tiny_store)
+    warned = []
+    service.warned.connect(warned.append)
+    assert loop.run_until_complete(service.start())
+    assert not service.can_reason and len(warned) == 1 and "damaged" in warned[0]
+    service.shutdown()

@@ -1,0 +1,41 @@
+"""A damaged or mismatched reasoning adapter never stops the model from loading: it is skipped with a warning."""
+import pytest
+
+from core import adapters
+from core.config import EngineConfig
+from core.loading import load_engine
+from tests.conftest import TINY_ID
+from tests.tiny import make_model
+
+
+@pytest.fixture
+def adapter_dir(tiny_store, tmp_path):
+    folder = tiny_store.get(TINY_ID).folder / "components" / "reasoning"
+    model = adapters.attach_new(make_model(448), rank=4)
+    adapters.save_adapter(model, folder, {"name": "mine"})
+    return folder
+
+
+def test_a_good_user_adapter_loads(tiny_store, adapter_dir):
+    engine = load_engine(EngineConfig(model_id=TINY_ID, precision="bf16", kv="bf16"), tiny_store)
+    assert engine.can_reason and engine.adapter_name == "mine" and engine.warnings == []
+
+
+@pytest.mark.parametrize("damage", ["weights", "config", "meta"])
+def test_a_damaged_adapter_is_skipped_with_a_warning(tiny_store, adapter_dir, damage):
+    target = {"weights": "adapter_model.safetensors", "config": "adapter_config.json",
+              "meta": adapters.META_FILE}[damage]
+    (adapter_dir / target).write_bytes(b"\x00garbage{")
+    engine = load_engine(EngineConfig(model_id=TINY_ID, precision="bf16", kv="bf16"), tiny_store)
+    assert not engine.can_reason
+    assert len(engine.warnings) == 1 and "is damaged" in engine.warnings[0]
+    assert engine.warnings[0].startswith("Not loading the reasoning adapter in ")
+    assert engine.generate("hi").text is not None  # the base model still answers
+
+
+def test_an_adapter_for_other_weights_is_skipped(tiny_store, adapter_dir):
+    meta = adapters.adapter_meta(adapter_dir)
+    adapters.save_adapter(adapters.attach_new(make_model(448), rank=4), adapter_dir,
+                          {**meta, "base_fingerprint": "0" * 16})
+    engine = load_engine(EngineConfig(model_id=TINY_ID, precision="bf16", kv="bf16"), tiny_store)
+    assert not engine.can_reason and "other base weights" in engine.warnings[0]
