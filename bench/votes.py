@@ -1,8 +1,9 @@
 """Voting at k = 1, 2, 4, 8 from one saved parallel evaluation (no decoding).
 
-`ponder eval --parallel 8 --out FILE` keeps every question's candidates (final answer, verifier score,
-correctness). Splitting each question's 8 candidates into disjoint groups of k and voting inside each group gives
-majority@k, weighted@k (summed verifier scores) and best-of-k (highest score), averaged over the 8/k groups, plus
+`ponder eval --parallel 8 --out FILE` keeps every question's candidates (text, final answer, verifier score,
+correctness; `python -m bench.rescore` recomputes the correctness from the text). Splitting each question's 8
+candidates into disjoint groups of k and voting inside each group gives majority@k (plain: ties go to the earliest
+candidate), weighted@k (summed verifier scores) and best-of-k (highest score), averaged over the 8/k groups, plus
 pass@k. `python -m bench.votes bench/results/eval_math500_reason_par8.json` writes `votes_<name>.json` and `.md`.
 """
 from __future__ import annotations
@@ -65,8 +66,9 @@ def main(argv=None) -> int:
     table = {k: accuracy_at(questions, k) for k in ks}
     name = args.result.stem.removeprefix("eval_")
     auc = score_auc(questions)
+    with_text = all("text" in c for q in questions for c in q["candidates"])
     result = {"source": args.result.name, "n": len(questions), "data": data.get("data"), "verifier_auc": auc,
-              "by_k": table}
+              "by_k": table, "candidate_text": with_text}
     out = args.result.parent
     (out / f"votes_{name}.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [f"Voting from `{args.result.name}` ({len(questions)} questions), disjoint groups of k candidates:", "",
@@ -76,6 +78,9 @@ def main(argv=None) -> int:
                      f"| {row[f'pass@{k}']:.1%} |")
     if auc is not None:
         lines += ["", f"Verifier AUC over all {sum(len(q['candidates']) for q in questions)} candidates: {auc:.3f}"]
+    if not with_text:
+        lines += ["", "**Not re-scorable**: the candidates were saved without their text, so their correctness is "
+                  "the scorer's of the time."]
     (out / f"votes_{name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

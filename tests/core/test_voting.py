@@ -167,3 +167,42 @@ def test_candidates_are_scored_from_their_text():
     # majority picks candidate 0 ("3" bucket, text says 1/3): wrong although its bucket holds a right answer
     assert out["correct_majority"] is False and out["correct_weighted"] is False and out["correct_best"] is False
     assert out["tie_majority"] is False and out["tie_weighted"] is False
+
+
+def test_rescore_recomputes_saved_results_from_their_text(tmp_path):
+    import json
+
+    from bench.rescore import main
+
+    data = tmp_path / "math.jsonl"
+    data.write_text("\n".join(json.dumps({"problem": f"p{i}", "answer": g}) for i, g in enumerate(["3", "2"])))
+    greedy = {"n": 2, "accuracy": 1.0, "data": str(data), "parallel": 1, "vote": "weighted", "questions": [
+        {"index": 0, "correct": True, "text": MATH500_Q61}, {"index": 1, "correct": True, "text": "\\boxed{2}"}]}
+    cand = lambda text, answer, score: {"answer": answer, "score": score, "text": text}  # noqa: E731
+    par = {"n": 1, "accuracy": 1.0, "accuracy_weighted": 1.0, "accuracy_majority": 1.0, "accuracy_best": 1.0,
+           "pass_at_n": 1.0, "data": str(data), "parallel": 2, "vote": "weighted", "questions": [
+               {"index": 0, "correct": True, "text": MATH500_Q61,
+                "candidates": [cand(MATH500_Q61, "3", 0.9), cand("\\boxed{3}", "3", 0.1)]}]}
+    no_text = {**par, "questions": [{**par["questions"][0], "candidates": [  # scored by the old scorer: both "3"
+        {**{k: v for k, v in c.items() if k != "text"}, "correct": True} for c in par["questions"][0]["candidates"]]}]}
+    bare = {**no_text, "questions": [{k: v for k, v in no_text["questions"][0].items() if k != "text"}]}
+    files = {name: tmp_path / f"eval_{name}.json" for name in ("greedy", "par", "notext", "bare", "summary")}
+    for name, content in [("greedy", greedy), ("par", par), ("notext", no_text), ("bare", bare),
+                          ("summary", {"n": 9, "accuracy": 0.5})]:
+        files[name].write_text(json.dumps(content))
+    (tmp_path / "votes_notext.json").write_text(json.dumps({"by_k": {}}))
+    assert main([str(p) for p in files.values()]) == 0
+    out = {name: json.loads(p.read_text()) for name, p in files.items()}
+    assert out["greedy"]["accuracy"] == 0.5 and out["greedy"]["rescore"]["previous"] == {"accuracy": 1.0}
+    assert [q["correct"] for q in out["greedy"]["questions"]] == [False, True]
+    # the "3" bucket's first candidate (1/3) is picked by every method: wrong; pass@2 holds through candidate 1
+    assert out["par"]["accuracy"] == out["par"]["accuracy_majority"] == 0.0 and out["par"]["pass_at_n"] == 1.0
+    assert json.loads((tmp_path / "votes_par.json").read_text())["by_k"]["2"]["pass@2"] == 1.0
+    assert out["notext"]["accuracy"] == 0.0 and out["notext"]["accuracy_majority"] == 1.0
+    assert set(out["notext"]["rescore"]["not_rescorable"]) == {"accuracy_majority", "accuracy_best", "pass_at_n"}
+    assert json.loads((tmp_path / "votes_notext.json").read_text())["rescore"]["rescorable"] is False
+    assert out["bare"]["rescore"]["rescored"] == [] and out["bare"]["accuracy"] == 1.0  # replayed, old flags
+    assert out["summary"]["accuracy"] == 0.5 and out["summary"]["rescore"]["rescored"] == []
+    again = files["greedy"].read_text()
+    main([str(files["greedy"])])  # idempotent: the figures from before the first re-scoring are kept
+    assert files["greedy"].read_text() == again
