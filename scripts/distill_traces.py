@@ -2,7 +2,8 @@
 
     python -m scripts.distill_traces --eval run.json --data ../shared/data/gsm8k/train.jsonl --out traces.jsonl
 
-Run the eval on *training* questions (never the test set you report on).
+Run the eval on *training* questions (never the test set you report on). Rows are re-scored from their text with
+the current scorer (`core.voting.is_correct`), not taken from the file's `correct` flags.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 
 from core.datasets import load_items
 from core.sft_data import traces_from_eval
+from core.voting import is_correct
 
 
 def main(argv=None) -> int:
@@ -24,7 +26,9 @@ def main(argv=None) -> int:
     result = json.loads(args.eval.read_text())
     items = load_items(args.data)
     questions = {i: (item.prompt, item.gold) for i, item in enumerate(items)}
-    traces = traces_from_eval(result.get("questions", []), questions)
+    rows = [{**r, "correct": is_correct(r["text"], questions[r["index"]][1])}
+            for r in result.get("questions", []) if "text" in r and r.get("index") in questions]
+    traces = traces_from_eval(rows, questions)
     tmp = args.out.with_name(args.out.name + ".tmp")
     tmp.write_text("".join(json.dumps(t) + "\n" for t in traces))
     tmp.replace(args.out)
