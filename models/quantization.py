@@ -88,6 +88,11 @@ def packed_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.contiguous() for k, v in state.items()}
 
 
+def cpu_capability() -> str:
+    """The CPU kernel family torch dispatches to (e.g. AVX2, AVX512): int4 weights are packed for one of them."""
+    return torch.backends.cpu.get_cpu_capability()
+
+
 def save_quantized(model: nn.Module, folder: Path, bits: int, head_bits: int | None) -> None:
     """Write the quantized weights (safetensors, int4 in packed CPU layout), quanto's map and the config."""
     from optimum.quanto import quantization_map
@@ -97,7 +102,8 @@ def save_quantized(model: nn.Module, folder: Path, bits: int, head_bits: int | N
     save_file(packed_state_dict(model), str(folder / WEIGHTS_FILE), metadata={"format": FORMAT})
     (folder / QMAP_FILE).write_text(json.dumps(quantization_map(model)))
     (folder / QUANT_FILE).write_text(json.dumps({"bits": bits, "head_bits": head_bits, "backend": "optimum-quanto",
-                                                 "format": FORMAT, "torch": torch.__version__}))
+                                                 "format": FORMAT, "torch": torch.__version__,
+                                                 "cpu_capability": cpu_capability()}))
     model.config.save_pretrained(folder)
 
 
@@ -112,6 +118,9 @@ def load_quantized(folder: Path) -> nn.Module:
     info = quant_info(folder) or {}
     if info.get("format") != FORMAT or info.get("torch") != torch.__version__:
         raise ValueError(f"quantized weights in {folder} were written by another format or torch version")
+    if info.get("cpu_capability") != cpu_capability():  # int4 packing differs between AVX2 and AVX-512 kernels
+        raise ValueError(f"quantized weights in {folder} were packed for {info.get('cpu_capability')!r} kernels, "
+                         f"this CPU runs {cpu_capability()!r}")
     config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, trust_remote_code=False)

@@ -1,4 +1,5 @@
 """W4/W8 quantization: quantize once, save, restore without re-quantizing, same outputs; fast kernels match quanto."""
+import pytest
 import torch
 
 from core.cache import new_cache
@@ -73,3 +74,21 @@ def test_dense_copy_computes_what_the_quantized_model_computes():
     dense = dequantized_copy(q)
     assert not any(type(m).__name__ == "QLinear" for m in dense.modules())
     assert torch.allclose(logits_of(dense, ids), before, atol=0.05, rtol=0.02)
+
+
+def test_weights_packed_for_other_cpu_kernels_are_repacked(tiny_store):
+    """int4 weights packed for AVX-512 kernels compute garbage under AVX2 ones (and back): a data folder moved to
+    another CPU must be re-quantized, not trusted."""
+    import json
+
+    m = tiny_store.get("tiny-qwen2")
+    cfg = EngineConfig(model_id="tiny-qwen2", precision="w4", kv="int8")
+    load_model(m, cfg)
+    qdir = quantized_dir(m, "w4", 4)
+    info = json.loads((qdir / "ponder_quant.json").read_text())
+    assert info["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    (qdir / "ponder_quant.json").write_text(json.dumps({**info, "cpu_capability": "SOME_OTHER_ISA"}))
+    with pytest.raises(ValueError, match="packed for"):
+        load_quantized(qdir)
+    load_model(m, cfg)  # re-quantized for this CPU and saved again
+    assert json.loads((qdir / "ponder_quant.json").read_text())["cpu_capability"] == info["cpu_capability"]
