@@ -162,7 +162,7 @@ def answer_json(answer, mode: str) -> dict:
             {"index": c.index, "answer": c.final_answer, "score": c.score, "text": c.text, "thinking": c.thinking,
              "thinking_tokens": c.thinking_tokens, "answer_tokens": c.answer_tokens, "budget_forced": c.budget_forced,
              "finish_reason": c.finish_reason} for c in answer.candidates]
-        out["vote"] = {"method": answer.vote_method, "chosen": answer.chosen,
+        out["vote"] = {"method": answer.vote_method, "chosen": answer.chosen, "tie": answer.vote_tie,
                        "table": [{"answer": a, "weight": w, "votes": v} for a, w, v in answer.vote_table]}
     return out
 
@@ -218,7 +218,8 @@ def cmd_ask(args) -> int:
             for c in answer.candidates:
                 score = "" if c.score is None else f" score {c.score:.2f}"
                 print(f"  #{c.index}: {c.final_answer}{score}", file=sys.stderr)
-            print(f"Chosen #{answer.chosen} by {answer.vote_method} vote: {answer.text}")
+            tie = " (a tie: the earliest of the tied answers)" if answer.vote_tie else ""
+            print(f"Chosen #{answer.chosen} by {answer.vote_method} vote{tie}: {answer.text}")
         route = answer.route
         if route is not None and route.source == "switcher":
             print(f"[switcher: {'reason' if route.reason else 'base'} (p={route.probability:.2f})]", file=sys.stderr)
