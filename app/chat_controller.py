@@ -13,6 +13,7 @@ from pathlib import Path
 from PySide6.QtCore import QObject, Signal
 
 from core.config import SamplingConfig
+from core.prompts import reasoning_prompts
 from core.store import ChatStore, ReplyWriter, export_json, export_markdown
 
 from .settings import AppSettings, load_settings, save_settings
@@ -211,7 +212,7 @@ class ChatController(QObject):
         if not text or idx is None or self.service.busy:
             return
         cid = self.current
-        self.store.add_message(cid, "user", text)
+        self.store.add_message(cid, "user", text)  # kept even if the answer fails: the user's text is never lost
         await self._answer(cid, history(msgs[:idx]) + [{"role": "user", "content": text}], options,
                            replaces=tuple(m.id for m in msgs[idx:]))
 
@@ -296,7 +297,8 @@ class ChatController(QObject):
             status = "cancelled" if answer.finish_reason == "cancelled" else "complete"
             content, thinking, meta = answer.text, answer.thinking, answer_meta(answer, options)
         finished = status == "complete"
-        if replaces and not finished and not content.strip() and thinking == base_thinking:
+        opened = base_thinking + reasoning_prompts()["think_longer"]  # a continuation that only got its opener
+        if replaces and not finished and not content.strip() and thinking in (base_thinking, opened):
             self._remove(cid, (writer.id,))  # nothing new: drop the empty replacement row
         else:
             writer.finish(status, content=content, thinking=thinking, meta=meta)

@@ -107,7 +107,11 @@ class ScriptedEngine:
             raise ValueError("reasoning needs the reasoning adapter, which is not loaded")
         if self.think_error is not None:
             raise self.think_error
-        more, finish, before = "", "stop", len(thinking.split())
+        from core.prompts import reasoning_prompts
+
+        opener = reasoning_prompts()["think_longer"]  # streamed first, as the engine does
+        yield TokenEvent(opener, "thinking", len(thinking.split()))
+        more, finish, before = "", "stop", len(thinking.split()) + 1
         for k in range(extra_budget):
             if self.think_crash_after is not None and k >= self.think_crash_after:
                 raise ScriptedCrash("the model crashed while thinking longer")
@@ -121,7 +125,7 @@ class ScriptedEngine:
         answer = "" if finish == "cancelled" else f"Final answer: 43 (after {len(more.split())} more steps)"
         if answer:
             yield TokenEvent(answer, "answer", extra_budget)
-        whole = thinking + more
+        whole = thinking + opener + more
         self._keep(new_trace_key, messages, whole)
         total = (budget or 0) + extra_budget
         yield DoneEvent(Answer(answer, finish, _stats(len(more.split()) + 1), self.model_id, (), thinking=whole,

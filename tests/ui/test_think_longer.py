@@ -6,6 +6,7 @@ import pytest
 
 from app.chat_controller import ChatController
 from app.engine_service import EngineService
+from core.prompts import reasoning_prompts
 from core.store import ChatStore
 from tests.qt_helpers import run_until
 from tests.ui.helpers import ask, make_window, wait_idle
@@ -109,7 +110,19 @@ def test_crash_while_thinking_longer_keeps_the_reply_and_the_partial_continuatio
     msgs = think_longer(win, loop, reply)
     assert "crashed" in win.status.text()
     assert msgs[1] == reply
-    assert msgs[2].status == "incomplete" and msgs[2].thinking == reply.thinking + "more0 more1 more2 "
+    opener = reasoning_prompts()["think_longer"]
+    assert msgs[2].status == "incomplete" and msgs[2].thinking == reply.thinking + opener + "more0 more1 more2 "
+    win.service.shutdown()
+
+
+def test_crash_before_any_new_thinking_leaves_no_empty_row(qtbot, loop, tmp_path):
+    """Only the "think longer" opener streamed before the crash: nothing new to keep, the reply stays the last."""
+    win = make_window(qtbot, loop, tmp_path, ScriptedEngine(think_crash_after=0))
+    reply = ask(win, loop, "Why?", "reason")
+    msgs = think_longer(win, loop, reply)
+    assert "crashed" in win.status.text()
+    assert msgs[-1] == reply and len(msgs) == 2
+    assert f"ponder:longer/{reply.id}" in win.view.toHtml()  # still offered on the real reply
     win.service.shutdown()
 
 
