@@ -135,9 +135,12 @@ class Engine:
                 cfg: SamplingConfig) -> tuple[int, int]:
         """(thinking limit, answer limit) for rows whose cache holds `start_len` tokens."""
         room = self.context - start_len - len(self.markers.forced_close) - 2
+        if room < 2:
+            raise PromptTooLong(f"The conversation is {start_len} tokens; this model's window is {self.context}.")
         if not reasoning:
             return 0, max(1, min(cfg.max_tokens, room))
-        return max(1, min(budget or room, room - answer_max_tokens)), answer_max_tokens
+        think_limit = max(1, min(budget or room, room - answer_max_tokens))
+        return think_limit, max(1, min(answer_max_tokens, room - think_limit))
 
     def _decode(self, cache, logits, rows: list[Row], cfg: SamplingConfig, reasoning: bool, cancel,
                 **extra) -> Iterator[TokenEvent]:
@@ -167,10 +170,10 @@ class Engine:
         row = new_row(0, self.tokenizer, self.markers, cfg, reasoning=decision.reason, think_limit=think_limit,
                       answer_limit=answer_limit, seen=ids)
         yield from self._decode(cache, logits, [row], cfg, decision.reason, cancel)
-        if decision.reason and trace_key is not None and row.think_end is not None:
-            self._keep(trace_key, _Trace(cache, ids, start_len + row.think_end, row.think.text, row.thinking_ids,
-                                         budget))
-        yield DoneEvent(self._answer(row, ids, decision, budget if decision.reason else None, start, cache))
+        answer = self._answer(row, ids, decision, budget if decision.reason else None, start, cache)
+        if decision.reason and trace_key is not None:
+            self._keep_row(trace_key, row, cache, ids, start_len, budget)
+        yield DoneEvent(answer)
 
     def think_longer(self, messages: Sequence[dict] | str, thinking: str, *, trace_key: str | None = None,
                      new_trace_key: str | None = None, extra_budget: int = 256, budget: int | None = None,
@@ -208,11 +211,11 @@ class Engine:
         yield from self._decode(cache, None, [row], cfg, True, cancel)
         prior, prior_ids = thinking + self.markers.think_longer_text, thinking_ids + opener
         total_budget = (budget or 0) + extra_budget
-        if new_trace_key is not None and row.think_end is not None:
-            self._keep(new_trace_key, _Trace(cache, ids, think_end + row.think_end, prior + row.think.text,
-                                             prior_ids + row.thinking_ids, budget))
-        yield DoneEvent(self._answer(row, ids, RouteDecision(True, None, "mode"), total_budget, start, cache,
-                                     prior=prior, prior_ids=prior_ids, resumed=resumed))
+        answer = self._answer(row, ids, RouteDecision(True, None, "mode"), total_budget, start, cache, prior=prior,
+                              prior_ids=prior_ids, resumed=resumed)
+        if new_trace_key is not None:
+            self._keep_row(new_trace_key, row, cache, ids, think_end, budget, prior, prior_ids)
+        yield DoneEvent(answer)
 
     def _rebuild(self, ids: list[int], thinking: str) -> tuple[object, list[int]]:
         """A trace's cache from its text: the prompt and `<think>` by the base model, the trace with the adapter."""
@@ -227,6 +230,18 @@ class Engine:
             with torch.inference_mode():
                 self.model(input_ids=torch.tensor([thinking_ids]), cache=cache, use_cache=True, logits_to_keep=1)
         return cache, thinking_ids
+
+    def _keep_row(self, key: str, row: Row, cache, ids: list[int], start_len: int, budget: int | None,
+                  prior: str = "", prior_ids: Sequence[int] = ()) -> None:
+        """Keep a finished reasoning row's trace for `think_longer`: its cache cropped to where the trace's text
+        ends. Not kept when the row was cancelled mid-trace or its cache does not end exactly at that text."""
+        if row.think_end is None or not row.trace_exact:
+            self._traces.pop(key, None)
+            return
+        end = start_len + row.think_end
+        crop(cache, end)
+        trace_ids = list(prior_ids) + row.thinking_ids[: row.think_end - row.think_offset]
+        self._keep(key, _Trace(cache, ids, end, prior + row.think.text, trace_ids, budget))
 
     def _keep(self, key: str, trace: _Trace) -> None:
         self._traces.pop(key, None)

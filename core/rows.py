@@ -65,6 +65,8 @@ class Row:
     """Tokens fed before the first sampled thinking token (the "think longer" opener)."""
     think_end: int | None = None
     """Tokens fed, counted from the loop's start, up to where the trace's text ends (before `</think>`)."""
+    trace_exact: bool = True
+    """The cache up to `think_end` holds exactly the trace's text (see `_Step._thinking`)."""
     thinking_before: int = 0
     """Thinking tokens of an earlier part of this trace (think longer), for event indices."""
     first_token_at: float | None = None
@@ -125,8 +127,11 @@ class _Step:
             if piece:
                 yield self._event(row, piece, "thinking")
         if row.think.stopped:  # the model wrote </think> itself: the answer follows
-            row.think_end = row.think_offset + stop_token_index(self.tokenizer, row.thinking_ids,
-                                                                len(row.think.text))
+            cut = stop_token_index(self.tokenizer, row.thinking_ids, len(row.think.text))
+            row.think_end = row.think_offset + cut
+            # a token like ".</" holds the trace's last characters and the marker's start: the cache then ends
+            # before text the trace shows, and a continuation must be rebuilt from the text instead
+            row.trace_exact = self.tokenizer.decode(row.thinking_ids[:cut], skip_special_tokens=True) == row.think.text
             row.phase, row.pending = "answer", [t]
             return
         if is_eos or len(row.thinking_ids) >= row.think_limit:  # the engine closes the trace

@@ -9,6 +9,7 @@ import time
 import pytest
 import torch
 
+from core.cache import new_cache
 from core.config import SamplingConfig
 from core.events import DoneEvent, TokenEvent
 from core.rows import new_row
@@ -185,3 +186,34 @@ def test_streaming_yields_tokens_as_they_are_made(tiny_engine):
     # events arrive spread over the generation, not in a burst at the end
     assert stamps[len(stamps) // 2] - start < 0.8 * (end - start)
     assert stamps[-1] - stamps[0] > 0.5 * (end - stamps[0])
+
+
+@pytest.mark.parametrize("text,exact", [("so it is 7.</think>", True), ("so it is 7 </think>", False)])
+def test_a_trace_closed_inside_a_token_is_not_kept(engine, text, exact):
+    """When the model closes its trace with a token like " </" (the tiny tokenizer's merge; Qwen's has ".</") the
+    cache ends before text the trace shows: that trace is not kept, so think longer rebuilds it from the text
+    rather than continue from a different one."""
+    from core.rows import _Step
+
+    tok = engine.tokenizer
+    row = new_row(0, tok, engine.markers, GREEDY, reasoning=True, think_limit=50, answer_limit=5)
+    step = _Step(tok, engine.markers, engine.eos_ids, GREEDY)
+    for t in tok(text, add_special_tokens=False)["input_ids"]:
+        list(step.take(row, t))
+        if row.phase == "answer":
+            break
+        row.fed += len(row.pending)
+        row.pending = []
+    assert row.phase == "answer" and row.think.text == text[: text.index("</")]
+    assert row.trace_exact is exact
+    engine._keep_row(text, row, new_cache(engine.model.config, engine.kv), [1], 0, 8)
+    assert engine.has_trace(text) is exact
+
+
+def test_a_long_prompt_leaves_room_for_the_answer(engine):
+    cfg = SamplingConfig(temperature=0, repetition_penalty=1.0)
+    for start_len in (100, 400, 490):
+        think, answer = engine._limits(start_len, True, 256, 64, cfg)
+        assert start_len + think + answer + len(engine.markers.forced_close) <= engine.context
+    with pytest.raises(ValueError):
+        engine._limits(engine.context - 3, True, 256, 64, cfg)
