@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 
 from models.convert import check_hf_folder, convert_gguf, import_hf_folder, recover_backups
-from models.errors import InvalidModelId, ModelError, ModelNotInstalled, NotEnoughMemory
+from models.errors import InvalidModelId, ModelAlreadyInstalled, ModelError, ModelNotInstalled, NotEnoughMemory
 from models.gguf_file import assemble_parts, file_sha256, inspect_gguf, wheel_part_paths
 from models.hub import download_snapshot
 from models.registry import (
@@ -170,6 +170,7 @@ class ModelStore:
         """Import any local Qwen2 GGUF file: check it, copy it into the store, convert it once."""
         path = Path(path)
         model_id = validate_model_id(model_id) if model_id else model_id_from_name(path.stem)
+        self._refuse_installed(model_id)
         info = inspect_gguf(path)
         folder = self.folder(model_id)
         folder.mkdir(parents=True, exist_ok=True)
@@ -194,6 +195,7 @@ class ModelStore:
         """Import a local Hugging Face Qwen2 folder (safetensors only)."""
         folder = Path(folder)
         model_id = validate_model_id(model_id) if model_id else model_id_from_name(folder.name)
+        self._refuse_installed(model_id)
         config = check_hf_folder(folder)
         spec = KNOWN_MODELS.get(model_id) or spec_from_config(model_id, config)
         self.check_fits(spec, "bf16", "bf16", 0)
@@ -205,6 +207,11 @@ class ModelStore:
             raise
         self._write_manifest(model_id, spec.display_name, source or f"folder:{folder}")
         return self.get(model_id)
+
+    def _refuse_installed(self, model_id: str) -> None:
+        if self.is_installed(model_id):
+            raise ModelAlreadyInstalled(f"A model named {model_id!r} is already installed; remove it first "
+                                        "(`ponder models remove`) or import under another name (`--id`).")
 
     def download(self, repo_id: str, progress: Progress = _no_progress, cache_dir: Path | None = None,
                  local_files_only: bool = False) -> InstalledModel:

@@ -39,3 +39,7 @@ class ModelNotInstalled(ModelError):
 
 class InvalidModelId(ModelError):
     """A model id that is not a safe store folder name (see `models.registry.validate_model_id`)."""
+
+
+class ModelAlreadyInstalled(ModelError):
+    """An import would land on an installed model's name (its weights, W4 cache and adapters would mix)."""

@@ -16,13 +16,18 @@ MODEL_ID_RE = re.compile(r"[a-z0-9](?:[a-z0-9._-]*[a-z0-9])?")
 digit; no '..'; at most MODEL_ID_MAX characters."""
 
 
+WINDOWS_DEVICE_NAMES = {"con", "prn", "aux", "nul", *(f"com{i}" for i in range(10)), *(f"lpt{i}" for i in range(10))}
+"""Names Windows reserves for devices, with any extension: never usable as a folder name there."""
+
+
 def validate_model_id(model_id: str) -> str:
     """Return `model_id` if it is a valid store name; raise InvalidModelId otherwise (the one check for ids)."""
     if not (isinstance(model_id, str) and len(model_id) <= MODEL_ID_MAX and MODEL_ID_RE.fullmatch(model_id)
-            and ".." not in model_id):
+            and ".." not in model_id and model_id.split(".")[0] not in WINDOWS_DEVICE_NAMES):
         raise InvalidModelId(
             f"{model_id!r} is not a valid model id: use lower-case letters, digits, '.', '-' and '_' "
-            f"(starting and ending with a letter or digit, no '..', at most {MODEL_ID_MAX} characters)."
+            f"(starting and ending with a letter or digit, no '..', at most {MODEL_ID_MAX} characters, "
+            "not a device name such as 'con' or 'nul')."
         )
     return model_id
 
@@ -32,6 +37,8 @@ def model_id_from_name(name: str) -> str:
     slug = re.sub(r"[^a-z0-9._-]+", "-", name.lower())
     slug = re.sub(r"\.{2,}", ".", slug)
     slug = re.sub(r"^[._-]+|[._-]+$", "", slug[:MODEL_ID_MAX]) or "model"
+    if slug.split(".")[0] in WINDOWS_DEVICE_NAMES:
+        slug = f"model-{slug}"[:MODEL_ID_MAX]
     return validate_model_id(slug)
 
 

@@ -93,3 +93,23 @@ def test_folders_with_invalid_names_are_not_listed(store, tiny_hf_dir):
     store.import_hf(tiny_hf_dir, "tiny")
     shutil.copytree(store.folder("tiny"), store.root / "Not Valid")
     assert [m.id for m in store.list()] == ["tiny"]
+
+
+def test_windows_device_names_are_refused_and_derived_around():
+    for bad in ("con", "nul", "aux", "com1", "lpt9", "con.gguf"):
+        with pytest.raises(InvalidModelId):
+            validate_model_id(bad)
+    assert model_id_from_name("CON") == "model-con" and model_id_from_name("nul.v2") == "model-nul.v2"
+    assert validate_model_id("console") == "console"
+
+
+def test_import_onto_an_installed_name_is_refused(store, tiny_hf_dir):
+    from models.errors import ModelAlreadyInstalled
+
+    first = store.import_hf(tiny_hf_dir, "tiny")
+    manifest = (first.folder / "manifest.json").read_text()
+    with pytest.raises(ModelAlreadyInstalled, match="already installed"):
+        store.import_hf(tiny_hf_dir, "tiny")
+    assert (first.folder / "manifest.json").read_text() == manifest  # the installed model is untouched
+    store.remove("tiny")
+    assert store.import_hf(tiny_hf_dir, "tiny").id == "tiny"
