@@ -34,6 +34,7 @@ def run_gui() -> int:
     import asyncio
 
     import qasync
+    from PySide6.QtGui import QIcon
     from PySide6.QtWidgets import QApplication, QMessageBox
 
     from core import paths
@@ -49,6 +50,8 @@ def run_gui() -> int:
 
     app = QApplication.instance() or QApplication(sys.argv)
     app.setApplicationName("Ponder")
+    app.setDesktopFileName("ponder")  # matches packaging/ponder.desktop (taskbar grouping, icon on Wayland)
+    app.setWindowIcon(QIcon(str(paths.resource_dir() / "icons" / "ponder.png")))
     try:
         store = ChatStore(paths.data_dir() / "chats.db")
     except NewerDatabaseError as err:  # left untouched: an update of Ponder reads it
@@ -86,6 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
         return run_gui()
+    if argv == ["--self-test"]:  # before the CLI parser: it must work even when a command's imports do not
+        from .self_test import main as self_test
+
+        return self_test()
     from .cli import run_cli
 
     return run_cli(argv)
