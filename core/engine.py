@@ -210,7 +210,7 @@ class Engine:
         yield TokenEvent(self.markers.think_longer_text, "thinking", row.thinking_before - 1)
         yield from self._decode(cache, None, [row], cfg, True, cancel)
         prior, prior_ids = thinking + self.markers.think_longer_text, thinking_ids + opener
-        total_budget = (budget or 0) + extra_budget
+        total_budget = len(prior_ids) + extra_budget  # the trace so far (its tokens as now encoded) plus the extra
         answer = self._answer(row, ids, RouteDecision(True, None, "mode"), total_budget, start, cache, prior=prior,
                               prior_ids=prior_ids, resumed=resumed)
         if new_trace_key is not None:

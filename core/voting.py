@@ -7,6 +7,7 @@ math-verify finds no answer at all. An unparsable answer gets no vote.
 """
 from __future__ import annotations
 
+import logging
 import math
 import re
 import threading
@@ -34,6 +35,18 @@ def last_boxed(text: str) -> str | None:
 def last_number(text: str) -> str | None:
     numbers = NUMBER.findall(text)
     return numbers[-1].replace(",", "").rstrip(".") if numbers else None
+
+
+class _NoTimeoutNotice(logging.Filter):
+    """math-verify warns once that it runs without a time limit; off the main thread that is this module's choice
+    (SIGALRM cannot work there), not something a user of `ponder ask` should read on stderr."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Timeout is disabled" not in record.getMessage()
+
+
+for _name in ("math_verify.parser", "math_verify.grader"):
+    logging.getLogger(_name).addFilter(_NoTimeoutNotice())
 
 
 def _timeout() -> int | None:

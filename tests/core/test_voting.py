@@ -206,3 +206,20 @@ def test_rescore_recomputes_saved_results_from_their_text(tmp_path):
     again = files["greedy"].read_text()
     main([str(files["greedy"])])  # idempotent: the figures from before the first re-scoring are kept
     assert files["greedy"].read_text() == again
+
+
+def test_no_timeout_notice_reaches_the_user(caplog):
+    """Off the main thread math-verify runs without a time limit by design; its one-time warning is dropped."""
+    import threading
+
+    import math_verify.grader
+    import math_verify.parser
+
+    from core.voting import same_answer
+
+    math_verify.parser.TIMEOUT_WARNING_SHOWN = math_verify.grader.TIMEOUT_WARNING_SHOWN = False
+    with caplog.at_level("WARNING"):
+        worker = threading.Thread(target=lambda: same_answer("\\frac{1}{2}", "0.5"))
+        worker.start()
+        worker.join()
+    assert not [r for r in caplog.records if "Timeout is disabled" in r.getMessage()]
