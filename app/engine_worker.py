@@ -1,0 +1,175 @@
+"""EngineWorker: the one thread that calls the Engine, and the FIFO queue of work waiting for it.
+
+Every caller of the model goes through here: the window (through `EngineService`) and the local OpenAI server
+(`app.server`). Jobs run one at a time in the order they were submitted, so a long answer for one client makes
+the next request wait instead of failing. A generation is a `Generation` value; its events are handed to a
+callback on the worker thread (the caller moves them to its own thread), and setting its `cancel` Event stops
+it within one decode step, or before it starts when it is still queued. No Qt, no asyncio loop of its own.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from core.config import SamplingConfig
+from core.events import Answer, DoneEvent, TokenEvent
+
+KINDS = ("stream", "parallel", "think_longer")
+
+
+class EngineNotReady(RuntimeError):
+    """No model is loaded (still loading, failed, or being switched)."""
+
+
+class QueueFull(RuntimeError):
+    """Too many requests are already waiting for the engine."""
+
+
+@dataclass
+class Generation:
+    """One request for the engine: which call, its arguments, and the Event that cancels it."""
+
+    kind: str
+    """'stream' (one answer), 'parallel' (N answers and a vote) or 'think_longer'."""
+    messages: object
+    sampling: SamplingConfig | None = None
+    options: dict = field(default_factory=dict)
+    """Keyword arguments of the Engine call (mode, budget, answer_max_tokens, n, system, trace_key, ...)."""
+    thinking: str = ""
+    """think_longer only: the reply's stored trace."""
+    cancel: threading.Event = field(default_factory=threading.Event)
+    source: str = "window"
+    """Who asked ('window', 'server'): kept in `EngineWorker.recent`."""
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}")
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """What became of a finished generation (for logs and tests)."""
+
+    source: str
+    finish_reason: str
+    """The Answer's, or 'error'."""
+    completion_tokens: int
+    cancel_seen: bool
+    """The request's cancel Event was set when the job ended."""
+    waited_s: float
+    """Time spent in the queue before the engine started on it."""
+    ran_s: float
+
+
+class EngineWorker:
+    """Owns the Engine and the single thread allowed to call it; a FIFO of jobs in front of that thread."""
+
+    def __init__(self, engine=None, *, max_waiting: int = 64, name: str = "ponder-engine"):
+        self.engine = engine
+        """The loaded Engine (or None). Replaced by whoever loads a model, from a job on this worker."""
+        self.max_waiting = max_waiting
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self.recent: deque[JobRecord] = deque(maxlen=32)
+        self._lock = threading.Lock()
+        self._queued = 0
+        self._running = False
+
+    # --- plain jobs -----------------------------------------------------------------------------------
+    def submit(self, fn: Callable, /, *args, **kwargs) -> Future:
+        """Run `fn(*args, **kwargs)` on the engine thread after everything already queued."""
+        return self.executor.submit(fn, *args, **kwargs)
+
+    @property
+    def waiting(self) -> int:
+        """Generations queued and not started yet."""
+        return self._queued
+
+    @property
+    def busy(self) -> bool:
+        """A generation is running or waiting."""
+        return self._running or self._queued > 0
+
+    # --- generations ----------------------------------------------------------------------------------
+    def generate(self, gen: Generation, on_event: Callable[[TokenEvent | DoneEvent], None]) -> Future:
+        """Queue `gen`; `on_event` is called on the worker thread for each event; the Future gives the Answer.
+
+        Raises QueueFull when `max_waiting` generations are already queued."""
+        with self._lock:
+            if self._queued >= self.max_waiting:
+                raise QueueFull(f"{self._queued} requests are already waiting for the model")
+            self._queued += 1
+        future = self.executor.submit(self._run, gen, on_event, time.perf_counter())
+        future.add_done_callback(lambda f: f.cancelled() and self._dequeued())
+        return future
+
+    def _dequeued(self) -> None:
+        with self._lock:
+            self._queued -= 1
+
+    def _events(self, gen: Generation):
+        engine = self.engine
+        if engine is None:
+            raise EngineNotReady("The model is not loaded yet.")
+        options = dict(gen.options)
+        if gen.kind == "think_longer":
+            return engine.think_longer(gen.messages, gen.thinking, cancel=gen.cancel, **options)
+        if gen.kind == "parallel":
+            options.pop("trace_key", None)  # parallel answers keep no trace
+            return engine.parallel(gen.messages, gen.sampling, cancel=gen.cancel, **options)
+        return engine.stream(gen.messages, gen.sampling, cancel=gen.cancel, **options)
+
+    def _run(self, gen: Generation, on_event, queued_at: float) -> Answer | None:
+        self._dequeued()
+        self._running = True
+        started = time.perf_counter()
+        answer, finish = None, "error"
+        try:
+            if gen.cancel.is_set():  # given up while it waited: nothing to compute
+                finish = "cancelled"
+                return None
+            for event in self._events(gen):
+                if isinstance(event, DoneEvent):
+                    answer = event.answer
+                on_event(event)
+            finish = answer.finish_reason if answer is not None else "error"
+            return answer
+        finally:
+            self._running = False
+            tokens = answer.stats.completion_tokens if answer is not None else 0
+            self.recent.append(JobRecord(gen.source, finish, tokens, gen.cancel.is_set(), started - queued_at,
+                                         time.perf_counter() - started))
+
+    async def stream(self, gen: Generation) -> AsyncIterator[TokenEvent | DoneEvent]:
+        """The events of `gen` on the running asyncio loop; leaving the loop early (or being cancelled)
+        cancels the generation. Raises what the engine raised (PromptTooLong, ValueError, EngineNotReady)."""
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+        end = object()
+
+        def post(item) -> None:
+            try:
+                loop.call_soon_threadsafe(events.put_nowait, item)
+            except RuntimeError:  # the loop is closed: nobody is listening any more
+                gen.cancel.set()
+
+        future = self.generate(gen, post)
+        future.add_done_callback(lambda _f: post(end))
+        try:
+            while True:
+                item = await events.get()
+                if item is end:
+                    if not future.cancelled():
+                        future.result()  # re-raise the engine's error, if any
+                    return
+                yield item
+        finally:
+            gen.cancel.set()
+            future.cancel()
+
+    def shutdown(self, wait: bool = True) -> None:
+        self.executor.shutdown(wait=wait, cancel_futures=True)
