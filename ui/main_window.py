@@ -15,7 +15,7 @@ from app.settings import AppSettings
 
 from .chat_view import ChatView, details_text
 from .composer import Composer
-from .dialogs import EditDialog, ExportDialog, RenameDialog, show_info
+from .dialogs import ConfirmDialog, EditDialog, ExportDialog, RenameDialog, show_info
 from .main_stages import STAGES
 from .settings_dialog import SettingsDialog
 from .sidebar import Sidebar
@@ -37,6 +37,7 @@ class MainWindow(QMainWindow):
         self.service, self.controller, self.model_service = service, controller, model_service
         self.settings = controller.load_settings()
         self.model_manager = None
+        self._offered_gguf = False
         self._tasks: set[asyncio.Task] = set()
         self.setWindowTitle("Ponder")
         self.resize(1100, 760)
@@ -205,6 +206,19 @@ class MainWindow(QMainWindow):
     def on_failed(self, message: str) -> None:
         hint = "" if self.service.ready else " — open Tools ▸ Models (Ctrl+M) to install or pick a model"
         self.status.setText(f"Error: {message}{hint}")
+        if not self.service.ready:
+            self.offer_gguf()
+
+    def offer_gguf(self) -> None:
+        """No model at all (first run offline, or the download failed): offer a local GGUF file instead, once."""
+        if self._offered_gguf or self.model_service is None or any(r.installed for r in self.model_service.rows()):
+            return
+        self._offered_gguf = True
+        if ConfirmDialog.ask(self, "Ponder needs a model", "Ponder could not set up its model (the status bar "
+                             "says why). Without internet you can pick a Qwen2.5 GGUF file on this computer "
+                             "instead, then choose “Use this model”. Pick a file now?"):
+            self.open_models()
+            self.model_manager.gguf_button.click()
 
     def on_answer(self, answer) -> None:
         if answer is None:
