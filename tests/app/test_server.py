@@ -1,0 +1,229 @@
+"""The local OpenAI server, end to end: the official `openai` client against a real uvicorn server on
+127.0.0.1 (a free port), backed by the tiny random Qwen2 with a reasoning adapter and a verifier head."""
+import asyncio
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+import torch
+
+from app.engine_worker import EngineWorker
+from app.openai_schema import Limits
+from app.server import LocalServer
+from core.verifier import Verifier
+from models.heads import VerifierHead
+from tests.tiny import make_reasoning_engine
+
+HI = [{"role": "user", "content": "What is 2+3?"}]
+GREEDY = {"temperature": 0, "max_tokens": 8}
+LONG = {"max_tokens": 400, "extra_body": {"ignore_eos": True}}
+
+
+@pytest.fixture(scope="module")
+def worker():
+    engine = make_reasoning_engine()
+    torch.manual_seed(0)
+    engine.verifier = Verifier(VerifierHead(128), {"kind": "verifier", "hidden_size": 128})
+    worker = EngineWorker(engine)
+    yield worker
+    worker.shutdown()
+
+
+@pytest.fixture(scope="module")
+def server(worker):
+    server = LocalServer(worker, port=0, limits=Limits(max_tokens=1024, max_body_bytes=64 * 1024))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def client(server):
+    return openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=60)
+
+
+def wait_for(predicate, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def test_models_lists_the_loaded_model(client):
+    models = client.models.list().data
+    assert [m.id for m in models] == ["tiny"] and models[0].ponder["can_reason"] is True
+
+
+def test_plain_chat_completion_is_greedy_and_bounded(client):
+    first = client.chat.completions.create(model="tiny", messages=HI, **GREEDY)
+    again = client.chat.completions.create(model="tiny", messages=HI, **GREEDY)
+    choice = first.choices[0]
+    assert first.object == "chat.completion" and choice.message.role == "assistant"
+    assert choice.message.content == again.choices[0].message.content
+    assert choice.finish_reason in ("stop", "length") and 1 <= first.usage.completion_tokens <= 8
+    assert first.ponder["route"]["reason"] is False and first.usage.prompt_tokens > 0
+
+
+def test_streamed_chat_matches_the_whole_answer(client):
+    whole = client.chat.completions.create(model="tiny", messages=HI, **GREEDY).choices[0].message.content
+    chunks = list(client.chat.completions.create(model="tiny", messages=HI, stream=True,
+                                                 stream_options={"include_usage": True}, **GREEDY))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] in ("stop", "length")
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens <= 8 and "route" in chunks[-1].ponder
+
+
+def test_reasoning_mode_returns_the_trace(client):
+    extra = {"reasoning_mode": "reason", "thinking_budget": 6}
+    reply = client.chat.completions.create(model="tiny", messages=HI, max_tokens=6, seed=1, extra_body=extra)
+    message = reply.choices[0].message
+    assert message.reasoning_content and reply.ponder["route"] == {"reason": True, "probability": None, "source": "mode"}
+    assert reply.ponder["thinking_tokens"] <= 6 and reply.ponder["adapter"] == "reason"
+    stream = client.chat.completions.create(model="tiny", messages=HI, max_tokens=6, seed=1, stream=True,
+                                            extra_body=extra)
+    deltas = [c.choices[0].delta for c in stream if c.choices]
+    assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == message.reasoning_content
+    assert "".join(d.content or "" for d in deltas) == message.content
+
+
+def test_parallel_answers_come_with_scores_and_a_vote(client):
+    extra = {"reasoning_mode": "reason", "thinking_budget": 6}
+    reply = client.chat.completions.create(model="tiny", messages=HI, n=3, max_tokens=6, seed=2, temperature=1.0,
+                                           extra_body=extra)
+    assert [c.index for c in reply.choices] == [0, 1, 2]
+    candidates, vote = reply.ponder["candidates"], reply.ponder["vote"]
+    assert len(candidates) == 3 and all(0 <= c["score"] <= 1 for c in candidates)
+    assert [c["text"] for c in candidates] == [c.message.content for c in reply.choices]
+    assert vote["method"] == "weighted" and vote["chosen"] in (0, 1, 2) and isinstance(vote["tie"], bool)
+    majority = client.chat.completions.create(model="tiny", messages=HI, n=3, max_tokens=6, seed=2, temperature=1.0,
+                                              extra_body={**extra, "vote": "majority"})
+    assert majority.ponder["vote"]["method"] == "majority"
+    assert all(row["weight"] == row["votes"] for row in majority.ponder["vote"]["table"])
+    streamed = client.chat.completions.create(model="tiny", messages=HI, n=2, max_tokens=4, stream=True)
+    assert {c.choices[0].index for c in streamed if c.choices and c.choices[0].delta.content} <= {0, 1}
+
+
+def test_completions(client):
+    reply = client.completions.create(model="tiny", prompt="What is 2+3?", max_tokens=5, temperature=0)
+    assert reply.object == "text_completion" and reply.choices[0].text and reply.usage.completion_tokens <= 5
+    pieces = client.completions.create(model="tiny", prompt="What is 2+3?", max_tokens=5, temperature=0, stream=True)
+    assert "".join(c.choices[0].text for c in pieces if c.choices) == reply.choices[0].text
+
+
+def test_api_key_is_required_when_set(worker):
+    server = LocalServer(worker, port=0, api_key="s3cret")
+    server.start()
+    try:
+        anonymous = openai.OpenAI(base_url=server.url, api_key="wrong", max_retries=0)
+        with pytest.raises(openai.AuthenticationError) as err:
+            anonymous.models.list()
+        assert err.value.status_code == 401 and err.value.code == "invalid_api_key"
+        assert httpx.get(server.url + "/models").status_code == 401
+        good = openai.OpenAI(base_url=server.url, api_key="s3cret", max_retries=0)
+        assert good.chat.completions.create(model="tiny", messages=HI, **GREEDY).choices
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize(("body", "status", "param", "code"), [
+    (b"{not json", 400, None, "invalid_json"),
+    (b"[1, 2]", 400, None, "invalid_json"),
+    (b'{"messages": [{"role": "user", "content": "hi"}]}', 400, "model", "missing_required_parameter"),
+    (b'{"model": "tiny", "messages": []}', 400, "messages", "invalid_value"),
+    (b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}', 400,
+     "temperature", "invalid_value"),
+    (b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "n": 9}', 400, "n", "invalid_value"),
+    (b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}', 400,
+     "tools", "unsupported_parameter"),
+    (b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "reasoning_mode": "deep"}', 400,
+     "reasoning_mode", "invalid_value"),
+    (b'{"model": "tiny", "messages": [{"role": "user", "content": "' + b"x" * 70000 + b'"}]}', 413, None,
+     "request_too_large"),
+])
+def test_bad_requests_get_openai_errors(server, body, status, param, code):
+    response = httpx.post(server.url + "/chat/completions", content=body, headers={"Content-Type": "application/json"})
+    error = response.json()["error"]
+    assert response.status_code == status and error["param"] == param and error["code"] == code
+    assert error["type"] == "invalid_request_error" and error["message"]
+
+
+def test_client_errors_through_the_openai_client(client):
+    with pytest.raises(openai.NotFoundError) as err:
+        client.chat.completions.create(model="gpt-4o", messages=HI)
+    assert err.value.code == "model_not_found"
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "two words " * 400}])
+    assert err.value.code == "context_length_exceeded"
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="tiny", messages=HI, max_tokens=5000, stream=True)
+    assert err.value.param == "max_tokens" and "1024" in err.value.message
+
+
+def test_a_closed_stream_cancels_its_generation(client, worker):
+    stream = client.chat.completions.create(model="tiny", messages=HI, stream=True, **LONG)
+    for _, _chunk in zip(range(4), stream, strict=False):
+        pass
+    stream.close()
+    assert wait_for(lambda: worker.recent and worker.recent[-1].finish_reason == "cancelled", 5)
+    record = worker.recent[-1]
+    assert record.cancel_seen and record.completion_tokens < 400 and not worker.busy
+    start = time.perf_counter()
+    client.chat.completions.create(model="tiny", messages=HI, **GREEDY)
+    assert time.perf_counter() - start < 2.0
+
+
+def test_a_client_that_gives_up_cancels_a_whole_answer(server, worker):
+    body = {"model": "tiny", "messages": HI, "max_tokens": 400, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/chat/completions", json=body, timeout=httpx.Timeout(10, read=0.3))
+    assert wait_for(lambda: worker.recent and worker.recent[-1].finish_reason == "cancelled", 5)
+    assert worker.recent[-1].completion_tokens < 400
+
+
+def test_concurrent_requests_queue_and_all_complete(server, worker):
+    replies, errors = {}, []
+
+    def ask(name: str, **kw):
+        try:
+            c = openai.OpenAI(base_url=server.url, api_key="x", max_retries=0, timeout=60)
+            replies[name] = c.chat.completions.create(model="tiny", messages=HI, **kw)
+        except Exception as err:  # surfaced by the assert below
+            errors.append(err)
+
+    threads = [threading.Thread(target=ask, args=("long",), kwargs=LONG | {"max_tokens": 150})]
+    threads[0].start()
+    assert wait_for(lambda: worker.busy, 5)
+    threads += [threading.Thread(target=ask, args=(f"short{i}",), kwargs=GREEDY) for i in range(2)]
+    for t in threads[1:]:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == [] and set(replies) == {"long", "short0", "short1"}
+    assert replies["long"].usage.completion_tokens == 150
+    assert max(r.waited_s for r in list(worker.recent)[-3:]) > 0.05  # the short ones waited their turn
+
+
+def test_the_window_and_the_server_share_one_engine_thread(loop, server, worker):
+    from app.engine_service import EngineService
+    from core.config import SamplingConfig
+
+    service = EngineService(worker=worker)
+    assert service.ready and service._executor is worker.executor
+    result = {}
+    streamer = threading.Thread(target=lambda: result.update(reply=openai.OpenAI(
+        base_url=server.url, api_key="x", max_retries=0).chat.completions.create(model="tiny", messages=HI, **LONG)))
+    streamer.start()
+    assert wait_for(lambda: worker.busy, 5)
+
+    async def window_asks():
+        return await service.ask("hello", SamplingConfig(temperature=0, max_tokens=5, ignore_eos=True))
+
+    answer = loop.run_until_complete(asyncio.wait_for(window_asks(), 60))
+    streamer.join(60)
+    assert answer.stats.completion_tokens == 5 and result["reply"].usage.completion_tokens == 400
+    assert [r.source for r in list(worker.recent)[-2:]] == ["server", "window"]  # the window waited its turn
