@@ -26,18 +26,29 @@ def _qtype(bits: int):
     return {4: qint4, 8: qint8}[bits]
 
 
-def packs_int4(module: nn.Module) -> bool:
-    """torch's packed int4 CPU kernel needs group-128 rows: in_features a multiple of 128 (every Qwen2.5 linear).
+GROUP_SIZE = 128
+"""int4 weights share one scale and zero point per this many inputs (torch's packed kernel takes 32–256)."""
+GROUP_SIZES = (32, 64, 128, 256)
+
+
+def packs_int4(module: nn.Module, group_size: int = GROUP_SIZE) -> bool:
+    """torch's packed int4 CPU kernel needs whole groups: in_features a multiple of 128 (every Qwen2.5 linear)
+    and of the group size.
 
     Other shapes would fall to quanto's generic int4 path, which JIT-compiles a C++ extension at first use;
     they are quantized to int8 instead."""
-    return module.in_features > 128 and module.in_features % 128 == 0
+    return module.in_features > 128 and module.in_features % 128 == 0 and module.in_features % group_size == 0
 
 
-def quantize_model(model: nn.Module, bits: int, head_bits: int | None = None) -> nn.Module:
-    """Quantize every linear layer in place to `bits` (4 or 8), the LM head to `head_bits` (None = keep bf16)."""
+def quantize_model(model: nn.Module, bits: int, head_bits: int | None = None,
+                   group_size: int = GROUP_SIZE) -> nn.Module:
+    """Quantize every linear layer in place to `bits` (4 or 8), the LM head to `head_bits` (None = keep bf16);
+    int4 layers with one scale and zero point per `group_size` inputs."""
     from optimum.quanto import freeze, quantize
+    from optimum.quanto.nn import QLinear
 
+    if group_size not in GROUP_SIZES:
+        raise ValueError(f"group_size must be one of {GROUP_SIZES}")
     model.to(torch.bfloat16)
     _rebuild_nonpersistent_buffers(model)  # keep rotary frequencies in fp32, as a restored model has them
     plan: dict[int, list[str]] = {4: [], 8: []}
@@ -47,13 +58,32 @@ def quantize_model(model: nn.Module, bits: int, head_bits: int | None = None) ->
         want = head_bits if name == "lm_head" else bits
         if want is None:
             continue
-        plan[4 if want == 4 and packs_int4(module) else 8].append(name)
+        plan[4 if want == 4 and packs_int4(module, group_size) else 8].append(name)
     for b, names in plan.items():
         if names:
             quantize(model, weights=_qtype(b), include=names)
+    for name, module in model.named_modules():
+        if isinstance(module, QLinear) and name in plan[4]:
+            module.weight_group_size = group_size  # read by freeze() when it quantizes the weight
     freeze(model)
+    if group_size != 128:  # quanto packs for torch's int4 kernel only at group 128; the kernel itself takes 32-256
+        _pack_for_cpu_kernel(model, plan[4])
     install_fast_kernels(model)
     return model
+
+
+def _pack_for_cpu_kernel(model: nn.Module, names: list[str]) -> None:
+    """Re-wrap int4 weights quanto left in its generic form into torch's packed CPU layout (same values)."""
+    QLinear, TinyGemm = _qclasses()
+    modules = dict(model.named_modules())
+    for name in names:
+        module = modules[name]
+        w = module.weight
+        if isinstance(w, TinyGemm):
+            continue
+        data = w._data.unpack() if hasattr(w._data, "unpack") else w._data
+        packed = TinyGemm(w._qtype, w._axis, w._group_size, w.size(), w.stride(), data, (w._scale, w._shift))
+        module.weight = nn.Parameter(packed, requires_grad=False)
 
 
 PACKED_DATA, PACKED_SCALES = ".__int4pack", ".__int4scale_shift"
@@ -93,7 +123,8 @@ def cpu_capability() -> str:
     return torch.backends.cpu.get_cpu_capability()
 
 
-def save_quantized(model: nn.Module, folder: Path, bits: int, head_bits: int | None) -> None:
+def save_quantized(model: nn.Module, folder: Path, bits: int, head_bits: int | None,
+                   group_size: int = GROUP_SIZE) -> None:
     """Write the quantized weights (safetensors, int4 in packed CPU layout), quanto's map and the config."""
     from optimum.quanto import quantization_map
     from safetensors.torch import save_file
@@ -103,7 +134,7 @@ def save_quantized(model: nn.Module, folder: Path, bits: int, head_bits: int | N
     (folder / QMAP_FILE).write_text(json.dumps(quantization_map(model)))
     (folder / QUANT_FILE).write_text(json.dumps({"bits": bits, "head_bits": head_bits, "backend": "optimum-quanto",
                                                  "format": FORMAT, "torch": torch.__version__,
-                                                 "cpu_capability": cpu_capability()}))
+                                                 "cpu_capability": cpu_capability(), "group_size": group_size}))
     model.config.save_pretrained(folder)
 
 
@@ -141,6 +172,7 @@ def load_quantized(folder: Path) -> nn.Module:
         module = modules[key[: -len(".weight")]]
         size = (module.out_features, module.in_features)
         data = TinyGemmPackedTensor(state[key + PACKED_DATA], size, (module.in_features, 1))
+        module.weight_group_size = int(info.get("group_size", GROUP_SIZE))
         weight = TinyGemm(module.weight_qtype, 0, module.weight_group_size, size, (module.in_features, 1), data,
                           state[key + PACKED_SCALES])
         module.weight = nn.Parameter(weight, requires_grad=False)

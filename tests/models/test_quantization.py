@@ -92,3 +92,26 @@ def test_weights_packed_for_other_cpu_kernels_are_repacked(tiny_store):
         load_quantized(qdir)
     load_model(m, cfg)  # re-quantized for this CPU and saved again
     assert json.loads((qdir / "ponder_quant.json").read_text())["cpu_capability"] == info["cpu_capability"]
+
+
+def test_smaller_int4_groups_are_closer_and_survive_save_and_restore(tmp_path):
+    """Group size is a real setting: smaller groups quantize closer to bf16, the packed kernel runs them, and a
+    saved model restores with its own group size (not the default)."""
+    from models.quantization import dense_weight, save_quantized
+
+    ref = make_model(448).model.layers[0].mlp.down_proj.weight.float()  # in_features 256: packed int4
+    errors, models = {}, {}
+    for g in (32, 128):
+        q = quantize_model(make_model(448), 4, head_bits=4, group_size=g)
+        layer = q.model.layers[0].mlp.down_proj
+        assert layer.weight_group_size == g and layer.weight._group_size == g
+        errors[g] = ((dense_weight(layer).float() - ref).norm() / ref.norm()).item()
+        models[g] = q
+    assert errors[32] < 0.8 * errors[128]
+    save_quantized(models[32], tmp_path, 4, 4, group_size=32)
+    restored = load_quantized(tmp_path)
+    assert restored.model.layers[0].mlp.down_proj.weight._group_size == 32
+    ids = torch.randint(5, 300, (1, 10))
+    assert torch.equal(logits_of(models[32], ids), logits_of(restored, ids))
+    with pytest.raises(ValueError, match="group_size"):
+        quantize_model(make_model(448), 4, group_size=48)
