@@ -1,4 +1,4 @@
-"""The `ponder` command line: ask, models, setup, bench. `ponder` with no command opens the window.
+"""The `ponder` command line: ask, models, setup, bench, serve. `ponder` with no command opens the window.
 
 Flags and JSON field names here are relied on by scripts: keep them stable.
 """
@@ -132,6 +132,16 @@ def build_parser() -> argparse.ArgumentParser:
     dec.add_argument("--runs", type=whole(1), default=3)
     dec.add_argument("--model", default=DEFAULT_MODEL_ID)
     dec.add_argument("--quick", action="store_true", help="only the default Ponder setting and HF bf16")
+
+    serve = sub.add_parser("serve", help="serve the OpenAI-compatible API (/v1/chat/completions, ...) locally")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this computer only)")
+    serve.add_argument("--port", type=whole(0, 65535), default=8080, help="port (default 8080; 0 picks a free one)")
+    serve.add_argument("--api-key", default=None,
+                       help="require 'Authorization: Bearer KEY' (default: $PONDER_API_KEY, or no key)")
+    serve.add_argument("--model", default=DEFAULT_MODEL_ID, help=f"installed model id (default {DEFAULT_MODEL_ID})")
+    serve.add_argument("--max-tokens-limit", type=whole(1), default=4096,
+                       help="largest max_tokens / thinking_budget a request may ask for (default 4096)")
+    serve.add_argument("--threads", type=whole(1, 1024), default=None, help="CPU threads (default: physical cores)")
     return p
 
 
@@ -310,6 +320,46 @@ def cmd_bench(args) -> int:
     return bench_decode(argv)
 
 
+def cmd_serve(args) -> int:
+    import os
+
+    from core.loading import load_engine
+
+    from .engine_worker import EngineWorker
+    from .openai_schema import Limits
+    from .progress import TerminalProgress
+    from .server import API_KEY_ENV, LOOPBACK, LocalServer
+
+    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    worker = EngineWorker()
+    try:
+        server = LocalServer(worker, host=args.host, port=args.port, api_key=api_key,
+                             limits=Limits(max_tokens=args.max_tokens_limit), log_level="info")
+    except OSError as err:
+        print(f"ponder serve: cannot listen on {args.host}:{args.port}: {err.strerror or err}", file=sys.stderr)
+        return 1
+    if args.host not in LOOPBACK and api_key is None:
+        print(f"ponder serve: warning: listening on {args.host} without an API key: anyone who can reach this "
+              "computer can use the model", file=sys.stderr)
+    bar = TerminalProgress()
+    cfg = EngineConfig(model_id=args.model, threads=args.threads)
+    try:  # loaded on the engine thread: torch's thread settings are per thread
+        worker.engine = worker.submit(load_engine, cfg, progress=bar).result()
+    finally:
+        bar.close()
+    for warning in worker.engine.warnings:
+        print(f"ponder: warning: {warning}", file=sys.stderr)
+    print(f"Serving {worker.engine.model_id} at {server.url} (OpenAI API; Ctrl+C stops)", file=sys.stderr, flush=True)
+    try:
+        server.run()
+    except KeyboardInterrupt:  # uvicorn shut down gracefully, then re-raised the signal
+        pass
+    finally:
+        worker.shutdown(wait=False)
+    print("Stopped.", file=sys.stderr)
+    return 0
+
+
 def cmd_train(argv: list[str]) -> int:
     if not argv or argv[0] not in ("sft", "switcher", "verifier"):
         print("ponder train: choose what to train: sft, switcher or verifier", file=sys.stderr)
@@ -342,7 +392,7 @@ def run_cli(argv: list[str]) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    handlers = {"ask": cmd_ask, "models": cmd_models, "setup": cmd_setup, "bench": cmd_bench}
+    handlers = {"ask": cmd_ask, "models": cmd_models, "setup": cmd_setup, "bench": cmd_bench, "serve": cmd_serve}
     try:
         return handlers[args.command](args)
     except InvalidModelId as err:  # a usage error, like any other bad value

@@ -227,3 +227,41 @@ def test_the_window_and_the_server_share_one_engine_thread(loop, server, worker)
     streamer.join(60)
     assert answer.stats.completion_tokens == 5 and result["reply"].usage.completion_tokens == 400
     assert [r.source for r in list(worker.recent)[-2:]] == ["server", "window"]  # the window waited its turn
+
+
+def test_ponder_serve_serves_an_installed_model_until_interrupted(tiny_store, ponder_home):
+    import os
+    import re
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from app.server import bind
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PONDER_HOME": str(ponder_home), "HF_HUB_OFFLINE": "1", "PONDER_API_KEY": "k"}
+    command = [sys.executable, "-m", "app", "serve", "--model", "tiny-qwen2", "--port"]
+    taken = bind("127.0.0.1", 0)
+    taken.listen()
+    busy = subprocess.run(command + [str(taken.getsockname()[1])], capture_output=True, text=True, cwd=root, env=env,
+                          timeout=120)
+    taken.close()
+    assert busy.returncode == 1 and "cannot listen" in busy.stderr
+    assert subprocess.run(command + ["70000"], capture_output=True, cwd=root, env=env, timeout=120).returncode == 2
+    proc = subprocess.Popen(command + ["0"], stderr=subprocess.PIPE, text=True, cwd=root, env=env)
+    try:
+        lines = []
+        for line in proc.stderr:
+            lines.append(line)
+            if line.startswith("Serving"):
+                break
+        url = re.search(r"http://\S+/v1", lines[-1]).group(0)
+        client = openai.OpenAI(base_url=url, api_key="k", max_retries=0, timeout=60)
+        assert client.chat.completions.create(model="tiny-qwen2", messages=HI, **GREEDY).choices[0].message.content
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=url, api_key="nope", max_retries=0).models.list()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        rest = proc.communicate(timeout=30)[1]
+    assert proc.returncode == 0 and "Stopped." in rest
