@@ -13,6 +13,7 @@ import asyncio
 import hmac
 import json
 import logging
+import os
 import socket
 import threading
 import time
@@ -270,3 +271,34 @@ class LocalServer:
         if self._thread is not None:
             self._thread.join(timeout)
         self._sock.close()
+
+
+class InAppServer:
+    """The window's switch: the server on 127.0.0.1:port over the window's engine worker, or off."""
+
+    def __init__(self, worker: EngineWorker):
+        self.worker = worker
+        self.server: LocalServer | None = None
+
+    @property
+    def url(self) -> str | None:
+        return self.server.url if self.server is not None else None
+
+    def apply(self, on: bool, port: int) -> str | None:
+        """Start, stop or move the server; returns its URL when it runs. Raises OSError when the port is taken."""
+        if self.server is not None and (not on or self.server.port != port):
+            self.stop()
+        if on and self.server is None:
+            server = LocalServer(self.worker, port=port, api_key=os.environ.get(API_KEY_ENV) or None)
+            try:
+                server.start()
+            except OSError:
+                server.stop()
+                raise
+            self.server = server
+        return self.url
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None

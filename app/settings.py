@@ -40,6 +40,9 @@ class AppSettings:
     """'system' follows the OS light/dark setting; 'light' or 'dark' force one."""
     model_id: str = DEFAULT_MODEL_ID
     """The model loaded at start."""
+    serve: bool = False
+    """Serve the OpenAI API on 127.0.0.1:`serve_port` while the window is open (sharing its engine)."""
+    serve_port: int = 8080
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -52,6 +55,10 @@ class AppSettings:
             raise ValueError(f"theme must be one of {THEMES}")
         if not 0 <= self.threads <= 256:
             raise ValueError("threads must be between 0 (automatic) and 256")
+        if not isinstance(self.serve, bool):
+            raise ValueError("serve must be true or false")
+        if isinstance(self.serve_port, bool) or not isinstance(self.serve_port, int) or not 1024 <= self.serve_port <= 65535:
+            raise ValueError("the server port must be between 1024 and 65535")
         if not 16 <= self.answer_max_tokens <= 8192:
             raise ValueError("the answer cap must be between 16 and 8192 tokens")
         for t in (self.temperature, self.parallel_temperature):

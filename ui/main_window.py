@@ -37,6 +37,8 @@ class MainWindow(QMainWindow):
         self.service, self.controller, self.model_service = service, controller, model_service
         self.settings = controller.load_settings()
         self.model_manager = None
+        self.server = None
+        """app.server.InAppServer once the local OpenAI server switch has been used."""
         self._offered_gguf = False
         self._tasks: set[asyncio.Task] = set()
         self.setWindowTitle("Ponder")
@@ -140,6 +142,24 @@ class MainWindow(QMainWindow):
         if new.threads != old.threads:
             self.spawn(self.service.set_threads(new.threads or None))
         self.status.setText("Settings saved.")
+        if (new.serve, new.serve_port) != (old.serve, old.serve_port):
+            self.apply_server(new)
+
+    def apply_server(self, s: AppSettings) -> None:
+        """Start or stop the local OpenAI server on the window's engine (its requests queue with the window's)."""
+        if self.server is None and not s.serve:
+            return
+        if self.server is None:
+            from app.server import InAppServer
+
+            self.server = InAppServer(self.service.worker)
+        try:
+            url = self.server.apply(s.serve, s.serve_port)
+        except OSError as err:
+            show_info(self, "Ponder", f"The OpenAI API could not be served on port {s.serve_port}: "
+                                      f"{err.strerror or err}")
+            return
+        self.status.setText(f"Serving the OpenAI API at {url}" if url else "The OpenAI API server is stopped.")
 
     def open_models(self) -> None:
         from .model_manager import ModelManager
@@ -301,11 +321,14 @@ class MainWindow(QMainWindow):
     # --- window state --------------------------------------------------------------------------------
     def _restore_settings(self) -> None:
         self.apply_composer_defaults()
+        self.apply_server(self.settings)
         geometry = self.controller.window_state()
         if geometry:
             self.restoreGeometry(QByteArray(base64.b64decode(geometry)))
 
     def closeEvent(self, event) -> None:
+        if self.server is not None:
+            self.server.stop()
         self.service.cancel()
         geometry = bytes(self.saveGeometry().data())
         self.controller.save_window_state(base64.b64encode(geometry).decode())

@@ -1,5 +1,6 @@
-"""Settings: defaults for new messages (mode, budget, parallel answers), sampling, threads, theme, and where
-Ponder keeps its data. Edits an `app.settings.AppSettings`; persisting and applying it is the window's job."""
+"""Settings: defaults for new messages (mode, budget, parallel answers), sampling, threads, theme, the local
+OpenAI server switch, and where Ponder keeps its data. Edits an `app.settings.AppSettings`; persisting and
+applying it is the window's job."""
 from __future__ import annotations
 
 import os
@@ -10,6 +11,7 @@ import psutil
 from PySide6.QtCore import QUrl
 from PySide6.QtGui import QDesktopServices
 from PySide6.QtWidgets import (
+    QCheckBox,
     QComboBox,
     QDialog,
     QDialogButtonBox,
@@ -62,6 +64,12 @@ class SettingsDialog(QDialog):
         self.threads = QSpinBox(minimum=0, maximum=max(1, os.cpu_count() or 1))
         self.threads.setSpecialValueText(f"automatic ({psutil.cpu_count(logical=False) or 1} physical cores)")
         self.theme = _combo(THEME_LABELS)
+        self.serve = QCheckBox("Serve the OpenAI API on 127.0.0.1:")
+        self.serve.setToolTip("Other programs on this computer can use the model through /v1/chat/completions; "
+                              "their requests and yours take turns on the one engine.")
+        self.serve_port = QSpinBox(minimum=1024, maximum=65535)
+        self.serve_port.setEnabled(False)
+        self.serve.toggled.connect(self.serve_port.setEnabled)
         self._model_id = settings.model_id
 
         defaults = QFormLayout()
@@ -78,6 +86,12 @@ class SettingsDialog(QDialog):
         system = QFormLayout()
         system.addRow("Compute threads", self.threads)
         system.addRow("Theme", self.theme)
+        server = QHBoxLayout()
+        server.addWidget(self.serve)
+        server.addWidget(self.serve_port, 1)
+        server_row = QWidget()
+        server_row.setLayout(server)
+        system.addRow("Local server", server_row)
         folder = QHBoxLayout()
         self.data_label = QLabel(str(self.data_dir))
         self.data_label.setTextInteractionFlags(self.data_label.textInteractionFlags().TextSelectableByMouse)
@@ -115,6 +129,9 @@ class SettingsDialog(QDialog):
         self.answer_max_tokens.setValue(s.answer_max_tokens)
         self.threads.setValue(min(s.threads, self.threads.maximum()))
         self.theme.setCurrentIndex(self.theme.findData(s.theme))
+        self.serve.setChecked(s.serve)
+        self.serve_port.setValue(s.serve_port)
+        self.serve_port.setEnabled(s.serve)
 
     def settings(self) -> AppSettings:
         return replace(AppSettings(model_id=self._model_id), mode=self.mode.currentData(),
@@ -124,7 +141,8 @@ class SettingsDialog(QDialog):
                        top_p=round(self.top_p.value(), 2), top_k=self.top_k.value(),
                        repetition_penalty=round(self.repetition_penalty.value(), 2),
                        answer_max_tokens=self.answer_max_tokens.value(), threads=self.threads.value(),
-                       theme=self.theme.currentData())
+                       theme=self.theme.currentData(), serve=self.serve.isChecked(),
+                       serve_port=self.serve_port.value())
 
     @classmethod
     def ask(cls, parent, settings: AppSettings, data_dir: Path) -> AppSettings | None:
