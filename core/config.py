@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from models.quantization import PRECISIONS
+from models.quantization import GROUP_SIZE, GROUP_SIZES, PRECISIONS
 from models.registry import DEFAULT_MODEL_ID
 
 KV_FORMATS = ("bf16", "int8")
@@ -60,6 +60,9 @@ class EngineConfig:
     """KV cache: bf16, or int8 with one scale per token and head."""
     head_bits: int = 4
     """Bits of the quantized LM head (4 or 8) when precision is w4/w8."""
+    group_size: int = GROUP_SIZE
+    """Inputs sharing one int4 scale and zero point (32, 64, 128 or 256): smaller is closer to bf16, a little
+    slower (see bench.quant_fidelity)."""
     threads: int | None = None
     """Torch CPU threads; None = number of physical cores."""
     context: int = 8192
@@ -72,6 +75,8 @@ class EngineConfig:
             raise ValueError(f"kv must be one of {KV_FORMATS}")
         if self.head_bits not in (4, 8):
             raise ValueError("head_bits must be 4 or 8")
+        if self.group_size not in GROUP_SIZES:
+            raise ValueError(f"group_size must be one of {GROUP_SIZES}")
         if self.precision == "fp32" and self.kv == "int8":
             object.__setattr__(self, "kv", "bf16")
 

@@ -15,7 +15,7 @@ import torch
 
 from models.convert import AtomicDir
 from models.errors import CorruptModelFile
-from models.quantization import load_quantized, quant_info, quantize_model, save_quantized
+from models.quantization import GROUP_SIZE, load_quantized, quant_info, quantize_model, save_quantized
 
 from . import adapters
 from .config import EngineConfig
@@ -52,8 +52,10 @@ def load_plain(hf_dir: Path, dtype: torch.dtype):
         raise CorruptModelFile(f"Could not load the weights in {hf_dir} ({err}).") from err
 
 
-def quantized_dir(model: InstalledModel, precision: str, head_bits: int) -> Path:
-    return model.folder / f"{precision}-h{head_bits}"
+def quantized_dir(model: InstalledModel, precision: str, head_bits: int, group_size: int = GROUP_SIZE) -> Path:
+    """w4-h4, w8-h8, …; an int4 group size other than the default is part of the name (w4-h4-g32)."""
+    suffix = f"-g{group_size}" if precision == "w4" and group_size != GROUP_SIZE else ""
+    return model.folder / f"{precision}-h{head_bits}{suffix}"
 
 
 def load_model(model: InstalledModel, cfg: EngineConfig, progress: Progress | None = None):
@@ -61,7 +63,7 @@ def load_model(model: InstalledModel, cfg: EngineConfig, progress: Progress | No
     if cfg.precision in ("fp32", "bf16"):
         return load_plain(model.hf_dir, torch.float32 if cfg.precision == "fp32" else torch.bfloat16)
     bits = 4 if cfg.precision == "w4" else 8
-    qdir = quantized_dir(model, cfg.precision, cfg.head_bits)
+    qdir = quantized_dir(model, cfg.precision, cfg.head_bits, cfg.group_size)
     if quant_info(qdir) is not None:
         try:
             return load_quantized(qdir)
@@ -69,9 +71,9 @@ def load_model(model: InstalledModel, cfg: EngineConfig, progress: Progress | No
             log.warning("quantized cache %s unreadable (%s); re-quantizing", qdir, err)
     if progress:
         progress("quantize", 0, 1)
-    qmodel = quantize_model(load_plain(model.hf_dir, torch.bfloat16), bits, cfg.head_bits)
+    qmodel = quantize_model(load_plain(model.hf_dir, torch.bfloat16), bits, cfg.head_bits, cfg.group_size)
     with AtomicDir(qdir) as tmp:
-        save_quantized(qmodel, tmp, bits, cfg.head_bits)
+        save_quantized(qmodel, tmp, bits, cfg.head_bits, cfg.group_size)
     if progress:
         progress("quantize", 1, 1)
     return qmodel

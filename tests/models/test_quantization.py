@@ -115,3 +115,13 @@ def test_smaller_int4_groups_are_closer_and_survive_save_and_restore(tmp_path):
     assert torch.equal(logits_of(models[32], ids), logits_of(restored, ids))
     with pytest.raises(ValueError, match="group_size"):
         quantize_model(make_model(448), 4, group_size=48)
+
+
+def test_engine_config_group_size_gets_its_own_folder(tiny_store):
+    m = tiny_store.get("tiny-qwen2")
+    model = load_model(m, EngineConfig(model_id="tiny-qwen2", precision="w4", kv="int8", group_size=32))
+    assert quantized_dir(m, "w4", 4, 32).name == "w4-h4-g32" and quantized_dir(m, "w4", 4).name == "w4-h4"
+    assert (quantized_dir(m, "w4", 4, 32) / "model.safetensors").is_file()
+    assert model.model.layers[0].mlp.down_proj.weight._group_size == 32
+    with pytest.raises(ValueError, match="group_size"):
+        EngineConfig(group_size=48)
