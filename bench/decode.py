@@ -19,12 +19,13 @@ from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PROMPT = "Write a Python function that checks whether a number is prime, and explain how it works."
-PONDER_SYSTEMS = {  # name: (precision, kv, head_bits)
-    "ponder_bf16_kvbf16": ("bf16", "bf16", 4),
-    "ponder_w8_kv8": ("w8", "int8", 8),
-    "ponder_w4_head8_kv8": ("w4", "int8", 8),
-    "ponder_w4_kvbf16": ("w4", "bf16", 4),
-    "ponder_w4a16kv8": ("w4", "int8", 4),
+PONDER_SYSTEMS = {  # name: (precision, kv, head_bits, int4 group size)
+    "ponder_bf16_kvbf16": ("bf16", "bf16", 4, 128),
+    "ponder_w8_kv8": ("w8", "int8", 8, 128),
+    "ponder_w4_head8_kv8": ("w4", "int8", 8, 128),
+    "ponder_w4_kvbf16": ("w4", "bf16", 4, 128),
+    "ponder_w4a16kv8": ("w4", "int8", 4, 128),
+    "ponder_w4a16kv8_g32": ("w4", "int8", 4, 32),
 }
 DEFAULT_SYSTEM = "ponder_w4a16kv8"
 
@@ -67,9 +68,9 @@ def run_ponder(name: str, model_id: str, tokens: int, runs: int) -> dict:
     from core.config import EngineConfig, SamplingConfig
     from core.loading import load_engine
 
-    precision, kv, head_bits = PONDER_SYSTEMS[name]
-    engine = load_engine(EngineConfig(model_id=model_id, precision=precision, kv=kv, head_bits=head_bits),
-                         reasoning=False)  # the plain base model: what llama.cpp and HF run too
+    precision, kv, head_bits, group = PONDER_SYSTEMS[name]
+    engine = load_engine(EngineConfig(model_id=model_id, precision=precision, kv=kv, head_bits=head_bits,
+                                      group_size=group), reasoning=False)  # the plain base model: what llama.cpp and HF run too
     cfg = SamplingConfig(temperature=0, repetition_penalty=1.0, max_tokens=tokens, ignore_eos=True)
     engine.generate(PROMPT, SamplingConfig(temperature=0, max_tokens=8, ignore_eos=True))  # warm-up
     ttfts, rates, answer = [], [], None
@@ -131,9 +132,9 @@ def prepare(name: str, model_id: str) -> None:
     from core.loading import load_model
     from core.model_store import ModelStore
 
-    precision, kv, head_bits = PONDER_SYSTEMS[name]
+    precision, kv, head_bits, group = PONDER_SYSTEMS[name]
     load_model(ModelStore().get(model_id), EngineConfig(model_id=model_id, precision=precision, kv=kv,
-                                                         head_bits=head_bits))
+                                                         head_bits=head_bits, group_size=group))
 
 
 def one(name: str, model_id: str, tokens: int, runs: int) -> dict:
@@ -209,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="qwen2.5-coder-0.5b-instruct")
     p.add_argument("--json", action="store_true")
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--systems", nargs="+", default=None, metavar="NAME",
+                   help="run only these (written to decode_subset.json/.md, the full table stays)")
     args = p.parse_args(argv)
     if args.one:
         print(json.dumps(one(args.one, args.model, args.tokens, args.runs)))
@@ -217,12 +220,17 @@ def main(argv: list[str] | None = None) -> int:
         prepare(args.prepare, args.model)
         return 0
     names = ["hf_bf16", DEFAULT_SYSTEM] if args.quick else ["hf_fp32", "hf_bf16", *PONDER_SYSTEMS]
+    if args.systems:
+        unknown = set(args.systems) - {"hf_fp32", "hf_bf16", *PONDER_SYSTEMS}
+        if unknown:
+            p.error(f"unknown systems: {', '.join(sorted(unknown))}")
+        names = args.systems
     for name in names:  # quantize-once happens here, so the measured processes only restore
         if name in PONDER_SYSTEMS:
             subprocess.run([sys.executable, "-m", "bench.decode", "--prepare", name, "--model", args.model],
                            check=True, cwd=Path(__file__).resolve().parent.parent, capture_output=True)
     systems = {n: spawn(n, args) for n in names}
-    if llama_available() and not args.quick:
+    if llama_available() and not args.quick and not args.systems:
         systems["llama_cpp"] = spawn("llama_cpp", args)
         if "error" in systems["llama_cpp"]:
             systems["llama_cpp_norepack"] = spawn("llama_cpp_norepack", args)
@@ -234,8 +242,9 @@ def main(argv: list[str] | None = None) -> int:
         "runs": args.runs, "prompt": PROMPT, "systems": systems, "ratios": summarize(systems),
     }
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "decode.json").write_text(json.dumps(report, indent=2))
-    (RESULTS / "decode.md").write_text(markdown(report))
+    stem = "decode_subset" if args.systems else "decode"
+    (RESULTS / f"{stem}.json").write_text(json.dumps(report, indent=2))
+    (RESULTS / f"{stem}.md").write_text(markdown(report))
     print(json.dumps(report) if args.json else markdown(report))
     return 0
 
