@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.ponder-installed
 
-.PHONY: run test install model bench lint clean
+.PHONY: run test install model bench lint clean dist
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,8 +28,15 @@ test: model
 bench: model
 	$(BIN)/ponder bench decode
 
+# The installer: PyInstaller onedir build in dist/ponder/ (run dist/ponder/ponder; see packaging/README.md).
+dist: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[dist]'
+	$(BIN)/pyinstaller --noconfirm --clean --log-level WARN --distpath dist --workpath build packaging/ponder.spec
+	cp packaging/ponder.desktop resources/icons/ponder.png dist/ponder/
+	du -sh dist/ponder
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) build dist

@@ -190,7 +190,9 @@ def run_checks(checks=CHECKS) -> list[Result]:
         try:
             detail, ok = check(), True
         except Exception as err:  # every failure is reported, the other checks still run
-            detail, ok = f"{type(err).__name__}: {err}", False
+            lines = [line.strip() for line in str(err).splitlines() if line.strip()] or [""]
+            text = lines[0] if len(lines) == 1 else f"{lines[0]} … {lines[-1]}"  # e.g. numpy's long import advice
+            detail, ok = f"{type(err).__name__}: {text}", False
         results.append(Result(name, ok, time.perf_counter() - start, detail))
     return results
 
