@@ -94,6 +94,7 @@ def window_proof(exe: Path, home: Path, screenshot: Path, display: str = ":99", 
         app.wait(30)
     finally:
         xvfb.terminate()
+        xvfb.wait(30)  # the display is free again for the next launch
     return figures
 
 
@@ -103,17 +104,19 @@ def main() -> int:
     p.add_argument("--work", default="/tmp/ponder-proof")
     p.add_argument("--gguf", default=None, help="import this GGUF as the embedded model (else: first-run download)")
     p.add_argument("--screenshot", default="docs/frozen-window.png")
+    p.add_argument("--reuse", action="store_true", help="keep the copy and home of an earlier run (only the window)")
     p.add_argument("--launches", type=int, default=2, help="open the window this many times (default 2)")
     args = p.parse_args()
     work = Path(args.work)
-    shutil.rmtree(work, ignore_errors=True)
-    (work / "home").mkdir(parents=True)
-    start = time.perf_counter()
-    shutil.copytree(args.dist, work / "ponder", symlinks=True)
-    print(f"copied {args.dist} to {work / 'ponder'} in {time.perf_counter() - start:.1f}s", flush=True)
     exe, home = work / "ponder" / "ponder", work / "home"
-    print(f"self-test: {timed([str(exe), '--self-test'], env=env(home)):.1f}s", flush=True)
-    if args.gguf:
+    if not args.reuse:
+        shutil.rmtree(work, ignore_errors=True)
+        home.mkdir(parents=True)
+        start = time.perf_counter()
+        shutil.copytree(args.dist, work / "ponder", symlinks=True)
+        print(f"copied {args.dist} to {work / 'ponder'} in {time.perf_counter() - start:.1f}s", flush=True)
+        print(f"self-test: {timed([str(exe), '--self-test'], env=env(home)):.1f}s", flush=True)
+    if args.gguf and not args.reuse:
         seconds = timed([str(exe), "models", "import", args.gguf, "--id", "qwen2.5-coder-0.5b-instruct"], env=env(home))
         print(f"models import: {seconds:.1f}s", flush=True)
     ok = True
