@@ -1,0 +1,146 @@
+"""Local OpenAI server benchmark: requests/s, tokens/s and p50/p95 latency for 1, 4 and 16 concurrent clients,
+against `ponder serve` on the embedded model in a subprocess (as a user runs it).
+
+Each client sends its requests one after another: short prompts, greedy, `max_tokens` 32 with `ignore_eos`
+so every request costs the same tokens, streamed (so time to first token is measured too). The engine answers
+one request at a time (one engine thread, FIFO), so more clients mostly add queueing: latency grows, throughput
+stays about flat. `python -m bench.server [--max-tokens 32] [--model ID]`; writes bench/results/server.json
+and server.md with the CPU name, load average and date.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from pathlib import Path
+
+import httpx
+
+from models.registry import DEFAULT_MODEL_ID
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+LEVELS = ((1, 4), (4, 2), (16, 1))  # (concurrent clients, requests per client)
+PROMPTS = ["What is 2+2?", "Name a primary colour.", "Say hello in French.", "What is the capital of Italy?",
+           "Give one prime number.", "What is 10 minus 3?", "Name a planet.", "Spell 'cat' backwards."]
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def start_server(model: str) -> tuple[subprocess.Popen, str]:
+    """`ponder serve --port 0` in a subprocess; returns it and its /v1 URL once it listens."""
+    proc = subprocess.Popen([sys.executable, "-m", "app", "serve", "--port", "0", "--model", model],
+                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=ROOT)
+    for line in proc.stderr:
+        match = re.search(r"^Serving \S+ at (http://\S+/v1)", line)
+        if match:
+            threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep draining its log
+            return proc, match.group(1)
+    raise RuntimeError(f"ponder serve exited with {proc.wait()} before serving")
+
+
+def one_request(client: httpx.Client, model: str, prompt: str, max_tokens: int) -> dict:
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+            "temperature": 0, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    start = time.perf_counter()
+    first, tokens = None, 0
+    with client.stream("POST", "/chat/completions", json=body) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if first is None and chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+                first = time.perf_counter() - start
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+    return {"latency_s": time.perf_counter() - start, "ttft_s": first, "tokens": tokens}
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def run_level(url: str, model: str, clients: int, per_client: int, max_tokens: int) -> dict:
+    def client_run(k: int) -> list[dict]:
+        with httpx.Client(base_url=url, timeout=3600) as client:
+            return [one_request(client, model, PROMPTS[(k + i) % len(PROMPTS)], max_tokens) for i in range(per_client)]
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        results = [r for rs in pool.map(client_run, range(clients)) for r in rs]
+    wall = time.perf_counter() - start
+    latencies = [r["latency_s"] for r in results]
+    ttfts = [r["ttft_s"] for r in results if r["ttft_s"] is not None]
+    return {"clients": clients, "requests": len(results), "wall_s": round(wall, 2),
+            "requests_per_s": round(len(results) / wall, 3),
+            "tokens_per_s": round(sum(r["tokens"] for r in results) / wall, 2),
+            "p50_s": round(statistics.median(latencies), 2), "p95_s": round(percentile(latencies, 0.95), 2),
+            "ttft_p50_s": round(statistics.median(ttfts), 2) if ttfts else None,
+            "ttft_p95_s": round(percentile(ttfts, 0.95), 2) if ttfts else None}
+
+
+def markdown(result: dict) -> str:
+    lines = ["| clients | requests | requests/s | tokens/s | p50 latency s | p95 latency s | p50 TTFT s | p95 TTFT s |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in result["levels"]:
+        lines.append(f"| {r['clients']} | {r['requests']} | {r['requests_per_s']:.3f} | {r['tokens_per_s']:.1f} | "
+                     f"{r['p50_s']:.2f} | {r['p95_s']:.2f} | {r['ttft_p50_s']:.2f} | {r['ttft_p95_s']:.2f} |")
+    lines += ["", f"`ponder serve` ({result['model']}, W4, int8 KV), {result['max_tokens']} greedy tokens per request "
+              f"(ignore_eos), streamed; {result['cpu']}, {result['cpus']} CPUs, load average "
+              f"{result['load_before']} before / {result['load_after']} after; {result['date']}."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.server", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default=DEFAULT_MODEL_ID)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--json", action="store_true", help="print the JSON result")
+    args = parser.parse_args(argv)
+    load_before = [round(x, 2) for x in os.getloadavg()]
+    proc, url = start_server(args.model)
+    result = {"model": args.model, "max_tokens": args.max_tokens, "levels": [], "cpu": cpu_name(),
+              "cpus": os.cpu_count(), "load_before": load_before, "python": platform.python_version()}
+    try:
+        with httpx.Client(base_url=url, timeout=3600) as client:
+            one_request(client, args.model, "Hi", 4)  # warm-up: first-call kernel and cache setup
+        for clients, per_client in LEVELS:
+            result["levels"].append(run_level(url, args.model, clients, per_client, args.max_tokens))
+            result.update(load_after=[round(x, 2) for x in os.getloadavg()],
+                          date=datetime.now().strftime("%Y-%m-%d %H:%M"))
+            save(result)  # after each level, so a long run keeps what it measured
+            print(json.dumps(result["levels"][-1]), file=sys.stderr, flush=True)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    print(json.dumps(result) if args.json else markdown(result))
+    return 0
+
+
+def save(result: dict) -> None:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "server.json").write_text(json.dumps(result, indent=2) + "\n")
+    (RESULTS / "server.md").write_text(markdown(result))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
