@@ -12,12 +12,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import platform
 import time
 from pathlib import Path
 
 import torch
 
+from bench.machine import cpu_name
 from core.cache import new_cache
 from core.chat_format import DEFAULT_SYSTEM
 from core.config import EngineConfig
@@ -36,16 +36,6 @@ CONFIGS = {  # name -> (weight bits or None for bf16, LM head bits, group size, 
     "w8": (8, 8, 128, "bf16"),
     "bf16 weights + int8 KV": (None, None, 128, "int8"),
 }
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def rows_of(tokenizer, n: int, offset: int) -> list[tuple[list[int], int]]:

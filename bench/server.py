@@ -25,6 +25,7 @@ from pathlib import Path
 
 import httpx
 
+from bench.machine import cpu_name
 from models.registry import DEFAULT_MODEL_ID
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,16 +33,6 @@ RESULTS = ROOT / "bench" / "results"
 LEVELS = ((1, 4), (4, 2), (16, 1))  # (concurrent clients, requests per client)
 PROMPTS = ["What is 2+2?", "Name a primary colour.", "Say hello in French.", "What is the capital of Italy?",
            "Give one prime number.", "What is 10 minus 3?", "Name a planet.", "Spell 'cat' backwards."]
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def start_server(model: str) -> tuple[subprocess.Popen, str]:
