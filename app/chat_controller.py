@@ -291,8 +291,9 @@ class ChatController(QObject):
     def _finish(self, cid: str, writer: ReplyWriter, answer, options: ReplyOptions, replaces: tuple,
                 base_thinking: str) -> None:
         self._writer, self.live = None, None
-        if answer is None:  # the engine failed: keep what streamed, marked incomplete
-            status, content, thinking, meta = "incomplete", writer.content, writer.thinking, None
+        if answer is None:  # failed (kept as incomplete), or stopped while still queued (kept as stopped)
+            status = "cancelled" if self.service.stop_requested else "incomplete"
+            content, thinking, meta = writer.content, writer.thinking, None
         else:
             status = "cancelled" if answer.finish_reason == "cancelled" else "complete"
             content, thinking, meta = answer.text, answer.thinking, answer_meta(answer, options)

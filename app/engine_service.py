@@ -188,6 +188,12 @@ class EngineService(QObject):
         if self._cancel is not None:
             self._cancel.set()
 
+    @property
+    def stop_requested(self) -> bool:
+        """The user stopped the current (or last) request: an answer of None then means "stopped before it
+        started" (it was still queued behind the local server), not a failure."""
+        return self._cancel is not None and self._cancel.is_set()
+
     def shutdown(self) -> None:
         self.cancel()
         self.worker.shutdown(wait=True)

@@ -81,3 +81,30 @@ def test_a_clear_vote_is_ticked_and_not_called_a_tie(window, loop):
     assert reply.meta["vote"]["tie"] is False
     text = window.view.toPlainText()
     assert "✓" in text and "tie" not in text
+
+
+def test_a_question_stopped_while_queued_is_marked_stopped_not_failed(qtbot, loop, tmp_path):
+    """The window's request waits behind another job on the shared engine thread (e.g. the local server's); Stop
+    before it starts leaves a stopped reply, not an "incomplete" one that reads like a crash."""
+    from app.engine_worker import Generation
+    from core.config import SamplingConfig
+    from tests.qt_helpers import run_until
+    from tests.ui.helpers import make_window
+    from tests.ui.scripted_engine import ScriptedEngine
+
+    win = make_window(qtbot, loop, tmp_path, ScriptedEngine(delay_s=0.02))
+    other = Generation("stream", "a long answer for another client",
+                       SamplingConfig(temperature=0, max_tokens=200), source="server")
+    busy = win.service.worker.generate(other, lambda event: None)
+    assert run_until(loop, lambda: win.service.worker.busy, 5)
+    win.composer.apply("base", 8, 1)
+    win.composer.input.setPlainText("Are you there?")
+    win.composer.send_button.click()
+    assert run_until(loop, lambda: win.service.busy, 5)
+    win.composer.stopRequested.emit()
+    other.cancel.set()
+    assert run_until(loop, lambda: not win.service.busy, 30)
+    reply = win.controller.messages()[-1]
+    assert reply.role == "assistant" and reply.status == "cancelled"
+    assert busy.result(10) is not None  # the other job finished too: the engine thread is free
+    win.service.shutdown()
