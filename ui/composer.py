@@ -56,7 +56,9 @@ class Composer(QWidget):
             self.sendRequested.emit(text)
 
     def set_busy(self, busy: bool, ready: bool = True) -> None:
-        self.send_button.setEnabled(ready and not busy)
+        """Send stays available while the model loads (the window keeps the question until it is ready)."""
+        self.send_button.setEnabled(not busy)
+        self.send_button.setToolTip("" if ready else "The model is not ready yet: the question waits for it")
         self.stop_button.setEnabled(busy)
 
     def set_reasoning_available(self, available: bool) -> None:

@@ -40,6 +40,9 @@ class MainWindow(QMainWindow):
         self.server = None
         """app.server.InAppServer once the local OpenAI server switch has been used."""
         self._offered_gguf = False
+        self._loading = False
+        self._pending_question: str | None = None
+        """Asked while the model was still loading: sent as soon as it is ready."""
         self._tasks: set[asyncio.Task] = set()
         self.setWindowTitle("Ponder")
         self.resize(1100, 760)
@@ -87,7 +90,7 @@ class MainWindow(QMainWindow):
         self.sidebar.renameRequested.connect(self.rename)
         self.sidebar.deleteRequested.connect(self.delete)
         self.sidebar.exportRequested.connect(self.export)
-        self.composer.sendRequested.connect(lambda text: self.spawn(c.send(text, self.options())))
+        self.composer.sendRequested.connect(self.on_send)
         self.composer.stopRequested.connect(s.cancel)
         self.view.action.connect(self.on_action)
         self.undo_button.clicked.connect(self.undo_delete)
@@ -204,15 +207,32 @@ class MainWindow(QMainWindow):
                             answer_max_tokens=s.answer_max_tokens, max_tokens=s.answer_max_tokens)
 
     # --- state ---------------------------------------------------------------------------------------
+    def on_send(self, text: str) -> None:
+        """Send now; while the model loads, keep the question and send it when ready (never drop it silently)."""
+        if self.service.ready:
+            self.spawn(self.controller.send(text, self.options()))
+        elif self._loading:
+            self._pending_question = text
+            self.status.setText("Loading the model — your question will be sent as soon as it is ready.")
+        else:
+            self.composer.input.setPlainText(text)
+            self.status.setText("No model is loaded — open Tools ▸ Models (Ctrl+M) to install or pick one.")
+
     def on_state(self, state: str) -> None:
         text = {"loading": "Loading model…", "ready": f"Ready — {self.service.model_name}",
                 "error": "The model failed to load"}
+        self._loading = state == "loading"
         self.status.setText(text.get(state, state))
         if state != "loading":
             self.progress_bar.setVisible(False)
         if state == "ready":
             self.apply_composer_defaults()
         self.on_busy(self.service.busy)
+        question, self._pending_question = self._pending_question, None
+        if question and state == "ready":
+            self.on_send(question)
+        elif question:  # the model did not load: the question goes back into the box
+            self.composer.input.setPlainText(question)
 
     def on_progress(self, stage: str, done: int, total: int) -> None:
         self.progress_bar.setVisible(True)

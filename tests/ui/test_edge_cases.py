@@ -108,3 +108,51 @@ def test_a_question_stopped_while_queued_is_marked_stopped_not_failed(qtbot, loo
     assert reply.role == "assistant" and reply.status == "cancelled"
     assert busy.result(10) is not None  # the other job finished too: the engine thread is free
     win.service.shutdown()
+
+
+def test_a_question_asked_while_the_model_loads_is_sent_when_it_is_ready(qtbot, loop, tmp_path):
+    """Typing and pressing Send (Ctrl+Enter) during loading used to do nothing and say nothing."""
+    import time
+
+    from app.chat_controller import ChatController
+    from app.engine_service import EngineService
+    from core.store import ChatStore
+    from tests.qt_helpers import run_until
+    from tests.ui.scripted_engine import ScriptedEngine
+    from ui.main_window import MainWindow
+
+    service = EngineService()
+
+    def slow_load():  # the engine thread loads for a while, then installs the engine as the real load does
+        time.sleep(0.5)
+        service.worker.engine = ScriptedEngine()
+
+    service._load = slow_load
+    win = MainWindow(service, ChatController(service, ChatStore(tmp_path / "c.db", flush_s=0.01)))
+    qtbot.addWidget(win)
+    starting = loop.create_task(service.start())
+    assert run_until(loop, lambda: "Loading" in win.status.text(), 5) and not service.ready
+    win.composer.input.setPlainText("Are you there?")
+    win.composer.send_button.click()
+    assert "will be sent" in win.status.text() and win.controller.messages() == []
+    assert run_until(loop, lambda: len(win.controller.messages()) == 2 and not service.busy, 30)
+    assert loop.run_until_complete(starting) is True
+    question, reply = win.controller.messages()
+    assert question.content == "Are you there?" and reply.role == "assistant" and reply.content
+    service.shutdown()
+
+
+def test_a_question_asked_when_no_model_loads_goes_back_into_the_box(qtbot, loop, tmp_path):
+    from app.chat_controller import ChatController
+    from app.engine_service import EngineService
+    from core.store import ChatStore
+    from ui.main_window import MainWindow
+
+    service = EngineService()
+    win = MainWindow(service, ChatController(service, ChatStore(tmp_path / "c.db", flush_s=0.01)))
+    qtbot.addWidget(win)
+    win.on_state("error")
+    win.composer.input.setPlainText("Hello?")
+    win.composer.send_button.click()
+    assert win.composer.input.toPlainText() == "Hello?" and "No model is loaded" in win.status.text()
+    service.shutdown()
