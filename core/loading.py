@@ -89,48 +89,34 @@ def component_dirs(installed: InstalledModel, kind: str) -> list[Path]:
     return found
 
 
-def find_component(installed: InstalledModel, kind: str) -> Path | None:
-    """A user-trained component in the model's folder wins over the one shipped in resources/."""
-    found = component_dirs(installed, kind)
-    return found[0] if found else None
-
-
-def load_head_component(installed: InstalledModel, kind: str, load: Callable[[Path], object],
-                        warnings: list[str]):
-    """The first of the component's folders that loads; a damaged one is skipped with a warning in `warnings`
-    (user-visible) and the log, falling back to the shipped one, else to none."""
+def load_component(installed: InstalledModel, kind: str, load: Callable[[Path], object], warnings: list[str],
+                   label: str | None = None):
+    """The first of the component's folders that loads; a damaged or mismatched one is skipped with a warning in
+    `warnings` (user-visible) and the log, falling back to the shipped one, else to none."""
     dirs = component_dirs(installed, kind)
     for i, folder in enumerate(dirs):
         try:
             return load(folder)
-        except Exception as err:  # corrupt JSON/safetensors, wrong shapes: never fatal
-            fallback = "the shipped one" if i + 1 < len(dirs) else f"no {kind}"
-            msg = f"The {kind} in {folder} could not be loaded ({type(err).__name__}: {err}); using {fallback}."
+        except Exception as err:  # corrupt JSON/safetensors, wrong shapes, other base weights: never fatal
+            label = label or kind
+            fallback = "the shipped one" if i + 1 < len(dirs) else f"no {label}"
+            msg = f"The {label} in {folder} could not be loaded ({type(err).__name__}: {err}); using {fallback}."
             log.warning("%s", msg)
             warnings.append(msg)
     return None
 
 
-def _attach_adapter(model, installed: InstalledModel, warnings: list[str]):
-    """(model, adapter name): the first reasoning adapter that fits these base weights and reads whole; a damaged
-    or mismatched one is skipped with a warning (the user's falls back to the shipped one, else none)."""
-    fingerprint = adapters.base_fingerprint(installed.hf_dir)
-    for folder in component_dirs(installed, "reasoning"):
-        try:
-            try:
-                meta = adapters.adapter_meta(folder)
-            except ValueError as err:
-                raise ValueError(f"it is damaged ({err})") from err
-            if meta.get("base_fingerprint") not in (None, fingerprint):
-                raise ValueError("it was trained on other base weights")
-            adapters.check_adapter(folder)
-        except ValueError as err:
-            msg = f"Not loading the reasoning adapter in {folder}: {err}."
-            log.warning("%s", msg)
-            warnings.append(msg)
-            continue
-        return adapters.load_adapter(model, folder), meta.get("name", "reasoning")
-    return model, None
+def _checked_adapter(fingerprint: str):
+    """A loader for `load_component`: (folder, meta) of an adapter that fits these base weights and reads whole,
+    checked before peft starts changing the model in place."""
+    def check(folder: Path) -> tuple[Path, dict]:
+        meta = adapters.adapter_meta(folder)
+        if meta.get("base_fingerprint") not in (None, fingerprint):
+            raise ValueError("it was trained on other base weights")
+        adapters.check_adapter(folder)
+        return folder, meta
+
+    return check
 
 
 def load_engine(cfg: EngineConfig | None = None, store: ModelStore | None = None,
@@ -148,9 +134,13 @@ def load_engine(cfg: EngineConfig | None = None, store: ModelStore | None = None
     router = verifier = adapter_name = None
     warnings: list[str] = []
     if reasoning:
-        model, adapter_name = _attach_adapter(model, installed, warnings)
-        router = load_head_component(installed, "switcher", Router.load, warnings)
-        verifier = load_head_component(installed, "verifier", Verifier.load, warnings)
+        found = load_component(installed, "reasoning", _checked_adapter(adapters.base_fingerprint(installed.hf_dir)),
+                               warnings, label="reasoning adapter")
+        if found is not None:
+            folder, meta = found
+            model, adapter_name = adapters.load_adapter(model, folder), meta.get("name", "reasoning")
+        router = load_component(installed, "switcher", Router.load, warnings)
+        verifier = load_component(installed, "verifier", Verifier.load, warnings)
     engine = Engine(model, tokenizer, model_id=cfg.model_id, precision=cfg.precision, kv=cfg.kv, context=cfg.context,
                     router=router, adapter_name=adapter_name)
     engine.verifier = verifier
