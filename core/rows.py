@@ -207,7 +207,8 @@ def decode_rows(model, cache, logits: torch.Tensor | None, rows: list[Row], *, t
             return
         need = [pos for pos, row in enumerate(active) if not row.pending and row.phase != "done"]
         if need:
-            picks = sample_next(logits[need], cfg, generator, _penalty_context([active[p] for p in need]))
+            scores = logits if len(need) == len(active) else logits[need]  # no (B, V) copy in the common case
+            picks = sample_next(scores, cfg, generator, _penalty_context([active[p] for p in need]))
             for pos, t in zip(need, picks.tolist(), strict=True):
                 yield from step.take(active[pos], t)
         keep = [pos for pos, row in enumerate(active) if row.phase != "done"]
