@@ -335,8 +335,7 @@ def answer_meta(answer, options: ReplyOptions) -> dict:
     if getattr(answer, "resumed", None):
         meta["resumed"] = answer.resumed
     if answer.candidates:
-        meta["candidates"] = [{"index": c.index, "text": c.text, "thinking": c.thinking, "answer": c.final_answer,
-                               "score": c.score, "budget_forced": c.budget_forced} for c in answer.candidates]
+        meta["candidates"] = [c.to_dict() for c in answer.candidates]
         meta["vote"] = {"method": answer.vote_method, "table": [list(r) for r in answer.vote_table],
                         "tie": bool(getattr(answer, "vote_tie", False))}
         meta["chosen"] = answer.chosen

@@ -170,10 +170,7 @@ def answer_json(answer, mode: str) -> dict:
         "answer_tokens": answer.answer_tokens, "budget": answer.budget, "budget_forced": answer.budget_forced,
     }
     if answer.candidates:
-        out["candidates"] = [
-            {"index": c.index, "answer": c.final_answer, "score": c.score, "text": c.text, "thinking": c.thinking,
-             "thinking_tokens": c.thinking_tokens, "answer_tokens": c.answer_tokens, "budget_forced": c.budget_forced,
-             "finish_reason": c.finish_reason} for c in answer.candidates]
+        out["candidates"] = [c.to_dict() for c in answer.candidates]
         out["vote"] = {"method": answer.vote_method, "chosen": answer.chosen, "tie": answer.vote_tie,
                        "table": [{"answer": a, "weight": w, "votes": v} for a, w, v in answer.vote_table]}
     return out

@@ -221,9 +221,7 @@ def ponder_extension(answer: Answer, vote_method: str | None = None) -> dict:
         "ttft_s": round(s.ttft_s, 4), "decode_tok_s": round(s.decode_tok_s, 2), "total_s": round(s.total_s, 3),
     }
     if answer.candidates:
-        out["candidates"] = [{"index": c.index, "text": c.text, "answer": c.final_answer, "score": c.score,
-                              "thinking_tokens": c.thinking_tokens, "answer_tokens": c.answer_tokens,
-                              "finish_reason": c.finish_reason} for c in answer.candidates]
+        out["candidates"] = [c.to_dict() for c in answer.candidates]
         out["vote"] = _vote(answer, vote_method)
     return out
 

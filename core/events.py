@@ -64,6 +64,13 @@ class Candidate:
     budget_forced: bool
     finish_reason: str
 
+    def to_dict(self) -> dict:
+        """The JSON form `ponder ask --json`, the local server and stored chats share (`answer` = final_answer)."""
+        return {"index": self.index, "answer": self.final_answer, "score": self.score, "text": self.text,
+                "thinking": self.thinking, "thinking_tokens": self.thinking_tokens,
+                "answer_tokens": self.answer_tokens, "budget_forced": self.budget_forced,
+                "finish_reason": self.finish_reason}
+
 
 @dataclass(frozen=True)
 class Answer:
