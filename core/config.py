@@ -67,6 +67,8 @@ class EngineConfig:
     """Torch CPU threads; None = number of physical cores."""
     context: int = 8192
     """Maximum tokens of prompt plus answer."""
+    reasoning_adapter: str | None = None
+    """Name of the reasoning adapter in the adapter library; None = the user's component or the shipped one."""
 
     def __post_init__(self):
         if self.precision not in PRECISIONS:
