@@ -1,5 +1,5 @@
-"""Chat history in SQLite (sqlite-utils): conversations, messages with thinking traces, candidates, routes and
-settings per answer; full-text search; versioned migrations; crash-safe streaming writes.
+"""Chat history in SQLite (sqlite-utils): conversations (with each chat's skill adapter), messages with thinking
+traces, candidates, routes and settings per answer; full-text search; versioned migrations; crash-safe streaming writes.
 
 A reply is written while it streams (`ReplyWriter`, flushed at most every `flush_s`), so a crash loses at
 most that interval; on the next open, replies left 'streaming' are marked 'incomplete'. A file that is not a
@@ -35,7 +35,12 @@ def _m3_search(db: sqlite_utils.Database) -> None:
     db["messages"].enable_fts(["content", "thinking"], create_triggers=True, tokenize="porter")
 
 
-MIGRATIONS = [_m1_initial, _m2_reasoning, _m3_search]
+def _m4_adapter(db: sqlite_utils.Database) -> None:
+    """Each chat's skill adapter (a library name of the model it is used with; NULL = none)."""
+    db["conversations"].add_column("adapter", str)
+
+
+MIGRATIONS = [_m1_initial, _m2_reasoning, _m3_search, _m4_adapter]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -139,6 +144,19 @@ class ChatStore:
             self.db["conversations"].insert(snapshot["conversation"])
             if snapshot["messages"]:
                 self.db["messages"].insert_all(snapshot["messages"])
+
+    def adapter(self, cid: str) -> str | None:
+        """The chat's skill adapter (None when it has none, or the chat does not exist)."""
+        row = self.db.execute("SELECT adapter FROM conversations WHERE id = ?", [cid]).fetchone()
+        return row[0] if row else None
+
+    def set_adapter(self, cid: str, name: str | None) -> None:
+        self.db["conversations"].update(cid, {"adapter": name or None})
+
+    def rename_adapter(self, old: str, new: str | None) -> int:
+        """Chats using skill adapter `old` use `new` instead (None: no adapter); returns how many changed."""
+        cur = self.db.execute("UPDATE conversations SET adapter = ? WHERE adapter = ?", [new or None, old])
+        return cur.rowcount
 
     def touch(self, cid: str) -> None:
         self.db["conversations"].update(cid, {"updated": time.time()})

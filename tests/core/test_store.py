@@ -76,6 +76,25 @@ def test_migrates_from_every_earlier_schema(tmp_path):
         assert ChatStore.schema_version(store.db) == SCHEMA_VERSION
         assert [m.content for m in store.messages("c1")] == ["old words"]
         assert store.search("words")[0]["conversation_id"] == "c1"
+        assert store.adapter("c1") is None  # an old chat has no skill adapter
+        store.set_adapter("c1", "sql-helper")
+        store.close()
+        assert ChatStore(path).adapter("c1") == "sql-helper"
+
+
+def test_chat_adapter_set_cleared_renamed_and_kept_by_undo(tmp_path):
+    store = ChatStore(tmp_path / "chats.db")
+    a, b, c = (store.new_conversation(t) for t in "abc")
+    store.set_adapter(a, "sql")
+    store.set_adapter(b, "sql")
+    store.set_adapter(c, "poems")
+    assert store.rename_adapter("sql", "sql-helper") == 2
+    assert [store.adapter(x) for x in (a, b, c)] == ["sql-helper", "sql-helper", "poems"]
+    store.set_adapter(b, None)
+    assert store.adapter(b) is None and store.adapter("no-such-chat") is None
+    assert store.rename_adapter("poems", None) == 1 and store.adapter(c) is None
+    store.restore(store.delete(a))
+    assert store.adapter(a) == "sql-helper"
 
 
 def test_corrupt_database_is_moved_aside_and_replaced(tmp_path):
