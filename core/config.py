@@ -85,12 +85,29 @@ class EngineConfig:
 
 @dataclass(frozen=True)
 class SftArgs:
-    """Reasoning-adapter SFT (two-pass masked LoRA on the quantized base)."""
+    """Adapter SFT (two-pass masked LoRA on the quantized base): reasoning or skill adapters."""
 
     data: tuple[str, ...] = ()
-    """GSM8K- or MATH-format JSONL files."""
+    """Training files: GSM8K/MATH/trace JSONL (reasoning), or any `core.train_data` format (skill)."""
     out: str = ""
     """Folder the adapter is saved to (peft safetensors + ponder_adapter.json + train_log.jsonl)."""
+    name: str = ""
+    """Save into the adapter library under this name (after a before/after evaluation) instead of `out`."""
+    kind: str = "reasoning"
+    """'reasoning' (thinking trace then a boxed answer) or 'skill' (the reply to a chat)."""
+    preset: str = ""
+    """'quick', 'balanced' or 'thorough' (SFT_PRESETS): defaults for steps, rank, lr, max tokens."""
+    held_out: float = 0.0
+    """Fraction of the records kept out of training for the before/after evaluation."""
+    max_tokens: int = 1024
+    """Longest record (prompt + response tokens) the validated data may hold."""
+    csv_columns: tuple[str, str] | None = None
+    """CSV column names (prompt, response); default 'prompt' and 'response'."""
+    eval_examples: int = 8
+    eval_tokens: int = 64
+    """Held-out records evaluated, and the greedy answer length each gets."""
+    checkpoint_every: int = 8
+    """Steps between resumable checkpoints in the run folder."""
     model_id: str = DEFAULT_MODEL_ID
     precision: str = "w4"
     """Base the adapter is trained on and served with (QAMR: train on the quantized base)."""
@@ -120,3 +137,23 @@ class SftArgs:
             raise ValueError(f"precision must be one of {PRECISIONS}")
         if not 0 < self.lr < 1:
             raise ValueError("lr must be in (0, 1)")
+        if self.kind not in ("reasoning", "skill"):
+            raise ValueError("kind must be 'reasoning' or 'skill'")
+        if self.preset and self.preset not in SFT_PRESETS:
+            raise ValueError(f"preset must be one of {tuple(SFT_PRESETS)}")
+        if not 0 <= self.held_out < 1:
+            raise ValueError("held_out must be in [0, 1)")
+        if self.max_tokens < 8 or self.checkpoint_every < 1:
+            raise ValueError("max_tokens must be >= 8 and checkpoint_every >= 1")
+
+
+SFT_PRESETS: dict[str, dict] = {
+    # Quick: ~3 minutes of training for the 0.5B on 2 cores (one example of <= 256 tokens a step).
+    "quick": {"steps": 24, "grad_accum": 1, "rank": 8, "alpha": 16, "lr": 3e-4, "max_tokens": 256,
+              "eval_examples": 4, "eval_tokens": 48, "checkpoint_every": 8},
+    "balanced": {"steps": 60, "grad_accum": 2, "rank": 16, "alpha": 32, "lr": 2e-4, "max_tokens": 512,
+                 "eval_examples": 8, "eval_tokens": 96, "checkpoint_every": 10},
+    "thorough": {"steps": 150, "grad_accum": 4, "rank": 16, "alpha": 32, "lr": 1e-4, "max_tokens": 1024,
+                 "eval_examples": 16, "eval_tokens": 160, "checkpoint_every": 10},
+}
+"""Recipe presets: values an explicit flag does not override."""

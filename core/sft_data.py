@@ -121,3 +121,17 @@ def traces_from_eval(rows: list[dict], questions: dict[int, tuple[str, str]]) ->
             thinking = thinking.replace(f"\\boxed{{{boxed}}}", boxed)
         traces.append({"question": question, "thinking": thinking.strip(), "answer": gold})
     return traces
+
+
+def encode_record(tokenizer, rec, kind: str) -> tuple[list[int], list[int]]:
+    """(prompt ids, response ids) of a `core.train_data.TrainRecord`. Skill: the chat template of the turns
+    before the reply (the app's default system prompt when the row has none), then the reply and `<|im_end|>`.
+    Reasoning: the reasoning format above (`encode_example`), the record's trace and its boxed answer."""
+    from .chat_format import build_prompt_ids
+
+    if kind == "reasoning":
+        return encode_example(tokenizer, SftExample(rec.question(), rec.thinking or "", rec.response, rec.gold or ""))
+    prompt = build_prompt_ids(tokenizer, rec.messages)
+    response = tokenizer(rec.response, add_special_tokens=False)["input_ids"]
+    response.append(tokenizer.convert_tokens_to_ids("<|im_end|>"))
+    return prompt, response

@@ -1,0 +1,152 @@
+"""Training run folders: resumable checkpoints, the event log and the STOP file. Shared by SFT and RL.
+
+A run folder holds `args.json` (the run's arguments), `log.jsonl` (every event, one JSON object a line) and
+`checkpoint/`: `adapter.safetensors` (the trainable tensors, exact dtype), `optimizer.safetensors` (the
+optimizer's tensors flattened to `state.<param index>.<key>`) and `state.json` (step, RNG states as ints and
+lists, param groups, anything else the trainer adds). No pickle anywhere: tensors are safetensors, the rest JSON.
+A file named `STOP` in the folder, SIGTERM or SIGINT asks the trainer to stop after the current step.
+"""
+from __future__ import annotations
+
+import json
+import random
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from models.convert import AtomicDir
+
+CHECKPOINT = "checkpoint"
+STOP_FILE = "STOP"
+
+
+def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {name: p.detach().clone().contiguous() for name, p in model.named_parameters() if p.requires_grad}
+
+
+def optimizer_tensors(optim: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
+    """(flat named tensors, JSON-safe rest) of an optimizer's state_dict."""
+    sd = optim.state_dict()
+    tensors, scalars = {}, {}
+    for index, entry in sd["state"].items():
+        for key, value in entry.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"state.{index}.{key}"] = value.detach().clone().contiguous()
+            else:
+                scalars[f"{index}.{key}"] = value
+    return tensors, {"param_groups": sd["param_groups"], "scalars": scalars}
+
+
+def restore_optimizer(optim: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], rest: dict) -> None:
+    state: dict[int, dict] = {}
+    for name, value in tensors.items():
+        _, index, key = name.split(".", 2)
+        state.setdefault(int(index), {})[key] = value
+    for name, value in rest.get("scalars", {}).items():
+        index, key = name.split(".", 1)
+        state.setdefault(int(index), {})[key] = value
+    optim.load_state_dict({"state": state, "param_groups": rest["param_groups"]})
+
+
+def rng_state(order: random.Random | None = None) -> dict:
+    """Python (the data order's own Random, when given) and torch RNG states as JSON-safe lists."""
+    out = {"torch": torch.get_rng_state().tolist()}
+    if order is not None:
+        version, internal, gauss = order.getstate()
+        out["order"] = [version, list(internal), gauss]
+    return out
+
+
+def restore_rng(saved: dict, order: random.Random | None = None) -> None:
+    torch.set_rng_state(torch.tensor(saved["torch"], dtype=torch.uint8))
+    if order is not None and "order" in saved:
+        version, internal, gauss = saved["order"]
+        order.setstate((version, tuple(internal), gauss))
+
+
+def save_checkpoint(folder: Path, model: nn.Module, optim: torch.optim.Optimizer | None, state: dict) -> Path:
+    """Atomically replace `folder` with the trainable weights, optimizer state and `state` (JSON-safe)."""
+    with AtomicDir(Path(folder)) as tmp:
+        save_file(trainable_state(model), str(tmp / "adapter.safetensors"), metadata={"format": "pt"})
+        rest = {}
+        if optim is not None:
+            tensors, rest = optimizer_tensors(optim)
+            save_file(tensors, str(tmp / "optimizer.safetensors"), metadata={"format": "pt"})
+        (tmp / "state.json").write_text(json.dumps({**state, "optimizer": rest}))
+    return Path(folder)
+
+
+def load_checkpoint(folder: Path, model: nn.Module, optim: torch.optim.Optimizer | None) -> dict:
+    """Put the saved trainable weights (and optimizer state) back; return the saved `state` dict."""
+    folder = Path(folder)
+    state = json.loads((folder / "state.json").read_text())
+    weights = load_file(str(folder / "adapter.safetensors"))
+    params = dict(model.named_parameters())
+    missing = [name for name in weights if name not in params]
+    if missing:
+        raise ValueError(f"the checkpoint does not fit this model (no parameter {missing[0]})")
+    with torch.no_grad():
+        for name, value in weights.items():
+            params[name].copy_(value)
+    if optim is not None and (folder / "optimizer.safetensors").is_file():
+        restore_optimizer(optim, load_file(str(folder / "optimizer.safetensors")), state.get("optimizer", {}))
+    return state
+
+
+class RunDir:
+    """One training run's folder: args, event log, checkpoint and stop requests."""
+
+    def __init__(self, path: Path, json_progress: bool = False, out=None):
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.json_progress = json_progress
+        self.out = out or sys.stdout
+        self._stop = threading.Event()
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.path / CHECKPOINT
+
+    def has_checkpoint(self) -> bool:
+        return (self.checkpoint / "state.json").is_file()
+
+    def write_args(self, args: dict) -> None:
+        (self.path / "args.json").write_text(json.dumps(args, indent=2))
+
+    def read_args(self) -> dict:
+        path = self.path / "args.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"{self.path} holds no earlier run to resume (no args.json)")
+        return json.loads(path.read_text())
+
+    def emit(self, event: dict, text: str | None = None) -> None:
+        """Log the event; print it as one JSON line with --json-progress, else as `text` (when given)."""
+        with open(self.path / "log.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps({**event, "time": round(time.time(), 3)}) + "\n")
+        if self.json_progress:
+            print(json.dumps(event), file=self.out, flush=True)
+        elif text:
+            print(text, file=self.out, flush=True)
+
+    def clear_stop(self) -> None:
+        (self.path / STOP_FILE).unlink(missing_ok=True)
+        self._stop.clear()
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def should_stop(self) -> bool:
+        return self._stop.is_set() or (self.path / STOP_FILE).exists()
+
+    def stop_on_signals(self) -> None:
+        """SIGTERM / SIGINT (Ctrl+C) ask for a stop after the current step (main thread only)."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda signum, frame: self.request_stop())
