@@ -6,10 +6,11 @@ rather than stopping the app from starting.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 
 from core.config import SamplingConfig
-from models.registry import DEFAULT_MODEL_ID
+from models.errors import InvalidModelId
+from models.registry import DEFAULT_MODEL_ID, validate_model_id
 
 MODES = ("auto", "reason", "base")
 THEMES = ("system", "light", "dark")
@@ -43,6 +44,9 @@ class AppSettings:
     serve: bool = False
     """Serve the OpenAI API on 127.0.0.1:`serve_port` while the window is open (sharing its engine)."""
     serve_port: int = 8080
+    reasoning_adapters: dict[str, str] = field(default_factory=dict)
+    """Model id -> name of the adapter-library adapter it reasons with (a model not listed uses its own
+    reasoning component, the shipped one, or none)."""
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -64,6 +68,11 @@ class AppSettings:
         for t in (self.temperature, self.parallel_temperature):
             if not 0 <= t <= 2:
                 raise ValueError("temperature must be between 0 and 2")
+        if not isinstance(self.reasoning_adapters, dict):
+            raise ValueError("reasoning adapters must be a mapping of model id to adapter name")
+        for model_id, name in self.reasoning_adapters.items():
+            _checked_name(model_id)
+            _checked_name(name)  # adapter names follow the model id rules
         self.sampling(1)  # top_p / top_k / repetition penalty checked by SamplingConfig itself
 
     def sampling(self, parallel: int) -> SamplingConfig:
@@ -82,11 +91,39 @@ def from_dict(data: dict | None) -> AppSettings:
     for key, value in data.items():
         if key not in known:
             continue
+        if key == "reasoning_adapters":
+            value = valid_adapters(value)
         try:
             settings = replace(settings, **{key: value})
         except (TypeError, ValueError):
             continue
     return settings
+
+
+def valid_adapters(value) -> dict[str, str]:
+    """The entries of a stored model -> reasoning adapter mapping that are valid (bad ones dropped)."""
+    out: dict[str, str] = {}
+    for model_id, name in (value.items() if isinstance(value, dict) else ()):
+        try:
+            out[_checked_name(model_id)] = _checked_name(name)
+        except ValueError:
+            continue
+    return out
+
+
+def _checked_name(name) -> str:
+    try:
+        return validate_model_id(name)
+    except InvalidModelId as err:
+        raise ValueError(str(err)) from None
+
+
+def with_reasoning_adapter(settings: AppSettings, model_id: str, name: str | None) -> AppSettings:
+    """`settings` with `model_id` reasoning with adapter `name` (None: back to the model's own)."""
+    chosen = {k: v for k, v in settings.reasoning_adapters.items() if k != model_id}
+    if name is not None:
+        chosen[model_id] = name
+    return replace(settings, reasoning_adapters=chosen)
 
 
 def load_settings(store) -> AppSettings:

@@ -32,3 +32,21 @@ def test_sampling_depends_on_parallel_answers():
     s = AppSettings(temperature=0.1, parallel_temperature=0.8, answer_max_tokens=100)
     assert s.sampling(1).temperature == 0.1 and s.sampling(4).temperature == 0.8
     assert s.sampling(1).max_tokens == 100
+
+
+def test_reasoning_adapters_per_model_are_validated_and_bad_entries_dropped(tmp_path):
+    from app.settings import with_reasoning_adapter
+
+    s = from_dict({"reasoning_adapters": {"qwen2.5-0.5b": "math-v2", "Bad Id": "x", "tiny": "../escape",
+                                          "tiny-qwen2": 7, "other": "concise"}, "theme": "dark"})
+    assert s.reasoning_adapters == {"qwen2.5-0.5b": "math-v2", "other": "concise"} and s.theme == "dark"
+    assert from_dict({"reasoning_adapters": ["not", "a", "dict"]}).reasoning_adapters == {}
+    with pytest.raises(ValueError, match="not a valid"):
+        AppSettings(reasoning_adapters={"tiny": "no/slashes"})
+    s = with_reasoning_adapter(s, "tiny-qwen2", "short")
+    assert s.reasoning_adapters["tiny-qwen2"] == "short"
+    s = with_reasoning_adapter(s, "other", None)
+    assert s.reasoning_adapters == {"qwen2.5-0.5b": "math-v2", "tiny-qwen2": "short"}
+    store = ChatStore(tmp_path / "chats.db")
+    save_settings(store, s)
+    assert load_settings(ChatStore(tmp_path / "chats.db")).reasoning_adapters == s.reasoning_adapters
