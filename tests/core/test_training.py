@@ -1,5 +1,5 @@
 """Masked-LoRA SFT on the tiny model: the prompt cache is the base model's, training lowers the loss,
-the adapter changes only response logits, and save/load round-trips."""
+the adapter changes only response logits, save/load round-trips, and a stopped run resumes exactly."""
 import json
 
 import pytest
@@ -9,6 +9,7 @@ from core import adapters
 from core.cache import new_cache
 from core.config import SftArgs
 from core.sft_data import encode_example, example_from_row, gsm8k_example, traces_from_eval
+from core.train_data import TrainRecord
 from core.training import masked_lora_loss, train_sft
 from tests.tiny import make_model, make_tokenizer
 
@@ -111,3 +112,72 @@ def test_train_sft_end_to_end_saves_loadable_adapter(tiny_store, tmp_path):
     assert before.keys() == after.keys()
     assert all(torch.allclose(before[k].float(), after[k].float(), atol=1e-2) for k in before)
     assert any(before[k].abs().sum() > 0 for k in before if "lora_B" in k)
+
+
+def test_skill_record_is_chat_prompt_then_reply_and_training_lowers_its_loss():
+    from core.sft_data import encode_record
+
+    tok = make_tokenizer()
+    rec = TrainRecord(1, [{"role": "user", "content": "What is SQL?"}], "A language for querying databases.", None, None)
+    prompt, response = encode_record(tok, rec, "skill")
+    assert tok.decode(prompt).endswith("What is SQL?<|im_end|>\n<|im_start|>assistant\n")
+    assert tok.decode(response) == "A language for querying databases.<|im_end|>"
+    torch.manual_seed(0)
+    model = adapters.attach_new(make_model(448).float(), rank=8)
+    optim = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=5e-3)
+    losses = []
+    for _ in range(4):
+        loss = masked_lora_loss(model, prompt, response)
+        loss.backward()
+        optim.step()
+        optim.zero_grad()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0] and losses == sorted(losses, reverse=True)
+
+
+def skill_args(tmp_path, **kw):
+    data = tmp_path / "skill.jsonl"
+    data.write_text("\n".join(json.dumps({"prompt": f"Table {i}?", "response": f"SELECT * FROM t{i};"}) for i in range(6)))
+    base = {"data": (str(data),), "out": str(tmp_path / "out"), "kind": "skill", "model_id": "tiny-qwen2",
+            "precision": "bf16", "steps": 4, "grad_accum": 1, "rank": 4, "alpha": 8, "lr": 1e-3, "checkpoint_every": 1}
+    return SftArgs(**{**base, **kw})
+
+
+def test_stop_file_checkpoint_then_resume_matches_an_uninterrupted_run(tiny_store, tmp_path):
+    from safetensors.torch import load_file
+
+    from core.checkpoint import RunDir, load_checkpoint, trainable_state
+    from core.training import new_optimizer, run, setup
+
+    args = skill_args(tmp_path)
+    whole = RunDir(tmp_path / "whole")
+    assert run(args, whole, store=tiny_store) == tmp_path / "out"
+
+    class StopAfterTwo(RunDir):  # the STOP file appears while step 2 runs, as when the window asks for a pause
+        def emit(self, event, text=None):
+            super().emit(event, text)
+            if event["event"] == "progress" and event["step"] == 2:
+                (self.path / "STOP").touch()
+
+    paused = StopAfterTwo(tmp_path / "paused")
+    assert run(args, paused, store=tiny_store) is None
+    events = [json.loads(line) for line in (paused.path / "log.jsonl").read_text().splitlines()]
+    assert events[-1]["event"] == "stopped" and events[-1]["step"] == 2 and events[-1]["resumable"]
+    # the checkpoint puts back exactly the weights and optimizer state it saved
+    prep = setup(args, tiny_store)
+    optim = new_optimizer(prep.model, args)
+    state = load_checkpoint(paused.checkpoint, prep.model, optim)
+    assert state["step"] == 2 and len(state["log"]) == 2
+    saved = load_file(str(paused.checkpoint / "adapter.safetensors"))
+    assert all(torch.equal(saved[k], v) for k, v in trainable_state(prep.model).items())
+    opt_saved = load_file(str(paused.checkpoint / "optimizer.safetensors"))
+    for name, value in opt_saved.items():
+        _, index, key = name.split(".", 2)
+        assert torch.equal(optim.state_dict()["state"][int(index)][key], value)
+    # resuming runs steps 3 and 4 only and ends exactly where the uninterrupted run ended
+    paused.clear_stop()
+    assert run(args, RunDir(paused.path), store=tiny_store, resume=True) == tmp_path / "out"
+    tail = [json.loads(line) for line in (paused.path / "log.jsonl").read_text().splitlines()][len(events):]
+    assert [e["step"] for e in tail if e["event"] == "progress"] == [3, 4] and tail[-1]["event"] == "saved"
+    a, b = load_file(str(whole.checkpoint / "adapter.safetensors")), load_file(str(paused.checkpoint / "adapter.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
