@@ -1,0 +1,455 @@
+"""Budget-forcing RL of a reasoning LoRA adapter (GRPO with the soft-barrier length reward): `ponder train rl`.
+
+One step = one question and one budget B drawn from the budgets, stated in the system prompt exactly as at
+inference (`reasoning_system(B)`). G rollouts share ONE base-model prefill (prompt + `<think>\\n`) and are decoded
+together by the engine's decode loop (`core.rows`), which closes a trace itself at B thinking tokens. Reward =
+correct (math-verify, `core.voting.is_correct` on the answer) × barrier(L; B, m) (`core.rewards`). L counts every
+sampled token, thinking and answer (`length="total"`, the paper's choice: a thinking-only L is gamed by closing
+`</think>` early and reasoning on in the answer; `length="thinking"` is there for comparison). The forced close
+is fed by the engine, not sampled, so it counts in neither L nor the loss.
+
+The update is the same two-pass masked forward as SFT: the prefix runs base-only without gradient (its cache is
+exactly what inference reuses), the response runs with the adapter on; per-token log-probs of the sampled tokens
+at the rollout temperature. The first thinking token is predicted by the base prefill, does not depend on the
+adapter, and is left out of the loss. Old log-probs are those of the rollout weights, taken from the first
+update pass (same weights, no extra forward). The model stays in eval mode (no LoRA dropout), so old and new
+log-probs agree exactly before the first optimizer step.
+
+Reference policy: a frozen copy of the STARTING adapter (its tensors swapped in for one no-grad pass), not the
+adapter-off base. The run starts from an SFT reasoning adapter; the base model does not write `<think>` traces,
+so a KL to it would pull every thinking token out of the format SFT taught, while the KL to the starting adapter
+keeps the policy near a working reasoner and acts as the paper's length knob (β_KL).
+
+Run folder (`core.checkpoint.RunDir`, default `data_dir()/training/<name or "rl">`): args.json, log.jsonl (every
+event; one `rl_progress` per step with reward, length, accuracy, budget, cut share, KL, loss, seconds),
+checkpoint/ (exact trainable tensors, optimizer moments, state.json with the step log), reward/length/accuracy
+PNGs, adapter/ (the final one). A `STOP` file there, SIGINT or SIGTERM: finish the step, checkpoint, stop.
+Each step's question, budget and sampling seed derive from (seed, step), so a resumed run draws what an
+uninterrupted one would have.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import random
+import shutil
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import torch
+
+from models.convert import AtomicDir
+from models.quantization import PRECISIONS, dequantized_copy
+from models.registry import DEFAULT_MODEL_ID
+
+from . import adapters
+from .cache import fork, new_cache
+from .checkpoint import RunDir, load_checkpoint, save_checkpoint
+from .config import EngineConfig, SamplingConfig
+from .engine import Engine
+from .loading import component_dirs, load_model, load_tokenizer, set_threads
+from .model_store import ModelStore
+from .paths import data_dir
+from .prompts import reasoning_system
+from .rewards import group_advantages, grpo_loss, k3_kl, reward
+from .rl_plots import write_curves
+from .rows import decode_rows, new_row
+from .sampling import make_generator
+from .sft_data import example_from_row, read_jsonl
+from .training import lr_at
+from .voting import is_correct
+
+LENGTHS = ("total", "thinking")
+Emit = Callable[[dict], None]
+
+
+@dataclass(frozen=True)
+class RlArgs:
+    """Budget-forcing GRPO of a reasoning adapter."""
+
+    data: tuple[str, ...] = ()
+    """GSM8K / MATH / trace JSONL files (core.sft_data rows); only the question and the gold answer are used."""
+    adapter: str | None = None
+    """Starting adapter: a folder, or a name in the adapter library; None = the model's reasoning component."""
+    budgets: tuple[int, ...] = (128, 256, 512)
+    margin: float = 0.25
+    """Soft-barrier half window m: reward falls from 1 at (1−m)·B to 0 at (1+m)·B."""
+    group: int = 4
+    """Rollouts per question (G), from one shared prefill."""
+    steps: int = 50
+    lr: float = 2e-5
+    warmup_ratio: float = 0.05
+    kl: float = 0.02
+    """β of the k3 KL to the starting adapter."""
+    clip: float = 0.2
+    updates: int = 1
+    """Optimizer steps on each rollout group (μ); the ratio clip matters only above 1."""
+    temperature: float = 1.0
+    answer_tokens: int = 64
+    """Cap on answer tokens after the trace."""
+    length: str = "total"
+    """What L counts: 'total' (thinking + answer, sampled tokens) or 'thinking'."""
+    model_id: str = DEFAULT_MODEL_ID
+    precision: str = "w4"
+    """Base the adapter is trained on (QAMR); w4/w8 run as their exact dequantized bf16 copy."""
+    run_dir: str | None = None
+    resume: bool = False
+    checkpoint_every: int = 10
+    seed: int = 0
+    threads: int | None = None
+    name: str | None = None
+    """Save the result into the adapter library under this name (kind 'reasoning')."""
+
+    def __post_init__(self):
+        if not self.data:
+            raise ValueError("give at least one data file (--data)")
+        if not self.budgets or min(self.budgets) < 1:
+            raise ValueError("budgets must be positive token counts")
+        if not 0 <= self.margin <= 1:
+            raise ValueError("margin must be in [0, 1]")
+        if self.group < 2 or self.steps < 1 or self.updates < 1 or self.checkpoint_every < 1:
+            raise ValueError("group must be >= 2; steps, updates and checkpoint_every >= 1")
+        if not 0 < self.lr < 1 or self.temperature <= 0 or self.answer_tokens < 1:
+            raise ValueError("lr must be in (0, 1), temperature > 0, answer_tokens >= 1")
+        if self.kl < 0 or self.clip <= 0:
+            raise ValueError("kl must be >= 0 and clip > 0")
+        if self.length not in LENGTHS:
+            raise ValueError(f"length must be one of {LENGTHS}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}")
+
+    def folder(self) -> Path:
+        return Path(self.run_dir) if self.run_dir else data_dir() / "training" / (self.name or "rl")
+
+
+@dataclass
+class Sample:
+    """One rollout: the response ids as fed to the model, which of them were sampled, and its score."""
+
+    ids: list[int]
+    sampled: list[bool]
+    thinking_tokens: int
+    answer_tokens: int
+    budget_hit: bool
+    text: str
+    correct: bool = False
+    length: int = 0
+    reward: float = 0.0
+
+
+def load_problems(paths: list[str]) -> list[tuple[str, str]]:
+    """(question, gold) pairs from GSM8K / MATH / trace JSONL files."""
+    problems = []
+    for p in paths:
+        problems += [(ex.question, ex.gold) for ex in map(example_from_row, read_jsonl(Path(p)))]
+    if not problems:
+        raise ValueError("the data files hold no questions")
+    return problems
+
+
+def rollout(engine: Engine, question: str, budget: int, args: RlArgs, seed: int) -> tuple[list[int], list[Sample]]:
+    """G samples from one base prefill, decoded as one batch; returns the prefix ids and the samples."""
+    ids = engine.prompt_ids(question, reasoning_system(budget))
+    cache = new_cache(engine.model.config, "bf16")
+    logits, _ = engine.open_prompt(ids, "reason", cache)
+    cache = fork(cache, args.group)
+    cfg = SamplingConfig(temperature=args.temperature, top_p=1.0, top_k=0, repetition_penalty=1.0,
+                         max_tokens=args.answer_tokens, seed=seed)
+    rows = [new_row(i, engine.tokenizer, engine.markers, cfg, reasoning=True, think_limit=budget,
+                    answer_limit=args.answer_tokens) for i in range(args.group)]
+    for _event in decode_rows(engine.model, cache, logits.expand(args.group, -1), rows, tokenizer=engine.tokenizer,
+                              markers=engine.markers, eos_ids=engine.eos_ids, cfg=cfg, generator=make_generator(seed)):
+        pass
+    samples = []
+    for row in rows:
+        close = list(engine.markers.forced_close) if row.forced else []
+        samples.append(Sample(row.thinking_ids + close + row.answer_ids,
+                              [True] * len(row.thinking_ids) + [False] * len(close) + [True] * len(row.answer_ids),
+                              len(row.thinking_ids), len(row.answer_ids), row.budget_hit,
+                              row.answer_text(engine.markers)))
+    return ids + list(engine.markers.think_open), samples
+
+
+def score(samples: list[Sample], gold: str, budget: int, args: RlArgs) -> None:
+    for s in samples:
+        s.correct = is_correct(s.text, gold)
+        s.length = s.thinking_tokens + (s.answer_tokens if args.length == "total" else 0)
+        s.reward = reward(s.correct, s.length, budget, args.margin)
+
+
+def prefix_cache(model, prefix: list[int]):
+    """The prefix (prompt + `<think>\\n`) encoded base-only, without gradient: exactly the inference cache."""
+    cache = new_cache(model.config, "bf16")
+    with torch.no_grad(), adapters.base(model):
+        model(input_ids=torch.tensor([prefix]), cache=cache, use_cache=True, logits_to_keep=1)
+    return cache
+
+
+def token_logprobs(model, cache, ids: list[int], temperature: float) -> torch.Tensor:
+    """(T−1,) log-probs of ids[1:] with the adapter on, continuing a copy of the prefix cache."""
+    logits = model(input_ids=torch.tensor([ids[:-1]]), cache=fork(cache, 1), use_cache=True).logits[0].float()
+    logits = logits / temperature
+    return logits.gather(-1, torch.tensor(ids[1:]).unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)
+
+
+@contextlib.contextmanager
+def swapped(params: list[torch.nn.Parameter], values: list[torch.Tensor]):
+    """Temporarily load `values` into `params` (the reference adapter), restoring them on exit."""
+    saved = [p.detach().clone() for p in params]
+    with torch.no_grad():
+        for p, v in zip(params, values, strict=True):
+            p.copy_(v)
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for p, s in zip(params, saved, strict=True):
+                p.copy_(s)
+
+
+def policy_update(model, optim, prefix: list[int], samples: list[Sample], advantages: list[float],
+                  ref: list[torch.Tensor], args: RlArgs) -> dict:
+    """`args.updates` clipped-GRPO optimizer steps on one group, one row's forward/backward at a time."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    cache = prefix_cache(model, prefix)
+    rows = [(s, a) for s, a in zip(samples, advantages, strict=True) if len(s.ids) >= 2]
+    masks = [torch.tensor(s.sampled[1:], dtype=torch.float32) for s, _ in rows]
+    tokens = max(1.0, sum(float(m.sum()) for m in masks))
+    refs = [None] * len(rows)
+    if args.kl > 0:
+        with torch.no_grad(), swapped(params, ref):
+            refs = [token_logprobs(model, cache, s.ids, args.temperature) for s, _ in rows]
+    old: list[torch.Tensor | None] = [None] * len(rows)
+    stats = {"loss": 0.0, "kl": 0.0}
+    for k in range(args.updates):
+        total = kl_sum = 0.0
+        for i, (s, a) in enumerate(rows):
+            new = token_logprobs(model, cache, s.ids, args.temperature)
+            if old[i] is None:
+                old[i] = new.detach()  # the rollout weights: this is the first pass before any update
+            ref_i = refs[i] if refs[i] is not None else new.detach()
+            loss = grpo_loss(new[None], old[i][None], ref_i[None], torch.tensor([a]), masks[i][None], args.clip,
+                             args.kl, tokens=tokens)
+            loss.backward()
+            total += loss.item()
+            kl_sum += float((k3_kl(new.detach(), ref_i) * masks[i]).sum())
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optim.step()
+        optim.zero_grad(set_to_none=True)
+        if k == 0:
+            stats = {"loss": total, "kl": kl_sum / tokens}
+    return stats
+
+
+# --- setup and the loop ---------------------------------------------------------------------------------------
+def resolve_adapter(args: RlArgs, installed) -> Path:
+    if args.adapter is None:
+        found = component_dirs(installed, "reasoning")
+        if not found or not (found[0] / "adapter_model.safetensors").is_file():
+            raise ValueError(f"{args.model_id} has no reasoning adapter to start from; pass --adapter")
+        return found[0]
+    folder = Path(args.adapter).expanduser()
+    if (folder / "adapter_model.safetensors").is_file():
+        return folder
+    from .adapter_library import AdapterLibrary
+
+    return AdapterLibrary().get(args.model_id, args.adapter).folder
+
+
+def data_hash(paths) -> str:
+    digest = hashlib.sha256()
+    for p in paths:
+        digest.update(Path(p).read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def setup(args: RlArgs, store: ModelStore | None = None):
+    """(installed, engine around the trainable peft model, reference tensors, optimizer, problems, meta)."""
+    installed = (store or ModelStore()).get(args.model_id)
+    set_threads(args.threads)
+    torch.manual_seed(args.seed)
+    problems = load_problems(list(args.data))
+    start = resolve_adapter(args, installed)
+    fingerprint = adapters.base_fingerprint(installed.hf_dir)
+    if adapters.adapter_meta(start).get("base_fingerprint") not in (None, fingerprint):
+        raise ValueError(f"the adapter in {start} was trained on other base weights")
+    adapters.check_adapter(start)
+    base = load_model(installed, EngineConfig(model_id=args.model_id, precision=args.precision))
+    if args.precision in ("w4", "w8"):
+        base = dequantized_copy(base)  # the quantized base's function, dense kernels for backward
+    model = adapters.load_adapter(base, start, trainable=True)
+    engine = Engine(model, load_tokenizer(installed.hf_dir), model_id=args.model_id, precision=args.precision,
+                    kv="bf16", adapter_name=adapters.ADAPTER_NAME)
+    params = [p for p in model.parameters() if p.requires_grad]
+    ref = [p.detach().clone() for p in params]
+    optim = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
+    meta = {"kind": "reasoning", "name": args.name, "base_model": args.model_id, "base_precision": args.precision,
+            "base_fingerprint": fingerprint, "data_hash": data_hash(args.data), "start_adapter": str(start),
+            "recipe": {"method": "budget-rl", **asdict(args)}}
+    return installed, engine, ref, optim, problems, meta
+
+
+
+def step_entry(step: int, budget: int, samples: list[Sample], stats: dict, lr: float, skipped: bool, t0: float) -> dict:
+    n = len(samples)
+    return {"step": step, "budget": budget, "reward": round(sum(s.reward for s in samples) / n, 4),
+            "length": sum(s.length for s in samples) / n, "thinking": sum(s.thinking_tokens for s in samples) / n,
+            "accuracy": sum(s.correct for s in samples) / n, "cut_share": sum(s.budget_hit for s in samples) / n,
+            "kl": stats["kl"], "loss": round(stats["loss"], 6), "lr": lr, "skipped": skipped,
+            "seconds": round(time.perf_counter() - t0, 2)}
+
+
+def summary(log: list[dict], last: int = 20) -> dict:
+    tail = log[-last:]
+    return {k: round(sum(e[k] for e in tail) / len(tail), 4) for k in ("reward", "length", "accuracy", "cut_share")
+            } if tail else {}
+
+
+def run(args: RlArgs, rd: RunDir, *, store: ModelStore | None = None, resume: bool = False) -> Path | None:
+    """Train (or resume) with events, checkpoints and stop requests, then save. Returns the final adapter folder
+    (the library's with `name`); None when stopped (resumable from the checkpoint)."""
+    if args.name:
+        from .adapter_library import validate_adapter_name
+
+        validate_adapter_name(args.name)
+    installed, engine, ref, optim, problems, meta = setup(args, store)
+    model = engine.model
+    rd.emit({"event": "loaded", "examples": len(problems), "total_steps": args.steps},
+            f"{len(problems)} questions, {args.steps} steps, group {args.group}, budgets {list(args.budgets)}")
+    start, elapsed0, log = 0, 0.0, []
+    if resume and rd.has_checkpoint():
+        state = load_checkpoint(rd.checkpoint, model, optim)
+        start, elapsed0, log = state["step"], state["elapsed_s"], state["log"]
+    spent, saved_at = 0.0, [start if resume and rd.has_checkpoint() else None]
+
+    def checkpoint(step: int) -> None:
+        saved_at[0] = step
+        save_checkpoint(rd.checkpoint, model, optim, {"step": step, "elapsed_s": elapsed0 + spent, "log": log,
+                                                      "args": asdict(args)})
+        write_curves(log, rd.path)
+        rd.emit({"event": "checkpoint", "step": step, "path": str(rd.checkpoint)})
+
+    step = start
+    while step < args.steps and not rd.should_stop():
+        step += 1
+        t0 = time.perf_counter()
+        rng = random.Random(f"{args.seed}:{step}")  # the step's question and budget, the same after a resume
+        question, gold = rng.choice(problems)
+        budget = rng.choice(args.budgets)
+        prefix, samples = rollout(engine, question, budget, args, seed=args.seed * 1_000_003 + step)
+        score(samples, gold, budget, args)
+        adv = group_advantages([s.reward for s in samples])
+        lr = lr_at(step - 1, args.steps, args.lr, args.warmup_ratio)
+        for group in optim.param_groups:
+            group["lr"] = lr
+        skipped = not any(adv)  # equal rewards: no signal, no update
+        stats = {"loss": 0.0, "kl": None} if skipped else policy_update(model, optim, prefix, samples, adv, ref, args)
+        entry = step_entry(step, budget, samples, stats, lr, skipped, t0)
+        log.append(entry)
+        spent += entry["seconds"]
+        done = step - start
+        rd.emit({"event": "rl_progress", "total": args.steps, **entry, "elapsed_s": round(elapsed0 + spent, 1),
+                 "eta_s": round((args.steps - step) * spent / done, 1)},
+                f"step {step}/{args.steps} B={budget} reward {entry['reward']:.3f} length {entry['length']:.0f} "
+                f"accuracy {entry['accuracy']:.2f}{' (equal rewards: no update)' if skipped else ''} "
+                f"{entry['seconds']:.1f}s")
+        if step < args.steps and step % args.checkpoint_every == 0:
+            checkpoint(step)
+    if saved_at[0] != step:
+        checkpoint(step)
+    if step < args.steps:
+        rd.emit({"event": "stopped", "step": step, "resumable": True}, f"stopped after step {step}; resume with --resume")
+        return None
+    meta = {**meta, "steps_done": step, "metrics": summary(log), "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    out = rd.path / "adapter"
+    with AtomicDir(out) as tmp:
+        adapters.save_adapter(model, tmp, meta)
+    if args.name:
+        from .adapter_library import AdapterLibrary
+
+        card = AdapterLibrary().add_from_folder(out, args.model_id, args.name, kind="reasoning",
+                                                data_hash=meta["data_hash"], recipe=meta["recipe"],
+                                                metrics=meta["metrics"])
+        out = Path(card.folder)
+    rd.emit({"event": "saved", "name": args.name, "folder": str(out)}, f"saved adapter to {out}")
+    return out
+
+
+# --- command line ---------------------------------------------------------------------------------------------
+FLAGS = ("margin", "group", "steps", "lr", "warmup_ratio", "kl", "clip", "updates", "temperature", "answer_tokens",
+         "model_id", "precision", "checkpoint_every", "seed")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ponder train rl", description=(
+        "Budget-forcing RL (GRPO with the soft-barrier length reward) of a reasoning adapter."))
+    p.add_argument("--data", action="append", help="GSM8K/MATH/trace JSONL (repeatable)")
+    p.add_argument("--adapter", default=None, help="starting adapter: folder or library name (default: the model's)")
+    p.add_argument("--budgets", default="128,256,512", help="comma-separated thinking budgets")
+    defaults = RlArgs(data=("x",))
+    for name in FLAGS:
+        value = getattr(defaults, name)
+        p.add_argument("--" + name.replace("_", "-"), type=type(value), default=value)
+    p.add_argument("--length", choices=LENGTHS, default="total", help="what the barrier measures")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--name", default=None, help="save into the adapter library under this name")
+    p.add_argument("--run-dir", default=None, help="checkpoints and logs (default: <data dir>/training/<name>)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --run-dir (or of --name)")
+    p.add_argument("--json-progress", action="store_true", help="one JSON event per stdout line")
+    return p
+
+
+def args_from_cli(a: argparse.Namespace) -> RlArgs:
+    if not a.data:
+        raise ValueError("give the questions with --data FILE")
+    try:
+        budgets = tuple(int(b) for b in a.budgets.split(",") if b.strip())
+    except ValueError as err:
+        raise ValueError("--budgets takes comma-separated integers, e.g. 128,256,512") from err
+    values = {k: getattr(a, k) for k in (*FLAGS, "adapter", "length", "threads", "name", "run_dir")}
+    return RlArgs(data=tuple(a.data), budgets=budgets, **values)
+
+
+def args_from_json(saved: dict) -> RlArgs:
+    saved = {f.name: saved[f.name] for f in fields(RlArgs) if f.name in saved}
+    return RlArgs(**{**saved, "data": tuple(saved["data"]), "budgets": tuple(saved["budgets"])})
+
+
+def main(argv=None, store: ModelStore | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    rd = RunDir(Path(a.run_dir) if a.run_dir else data_dir() / "training" / (a.name or "rl"),
+                json_progress=a.json_progress)
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        if a.resume:
+            args = args_from_json(rd.read_args())
+        else:
+            args = args_from_cli(a)
+            shutil.rmtree(rd.checkpoint, ignore_errors=True)
+            (rd.path / "log.jsonl").unlink(missing_ok=True)
+            rd.write_args(asdict(args))
+        rd.clear_stop()
+        rd.stop_on_signals()
+        run(args, rd, store=store, resume=a.resume)
+    except Exception as err:
+        message = str(err) or type(err).__name__
+        rd.emit({"event": "error", "message": message})
+        if not a.json_progress:
+            raise
+        print(f"ponder: {message}", file=sys.stderr, flush=True)
+        return 2 if isinstance(err, ValueError) else 1
+    finally:
+        if threading.current_thread() is threading.main_thread():
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,170 @@
+"""Budget-forcing RL: the soft barrier, GRPO advantages and the clipped KL loss by hand; rollouts from one prefill;
+the update trains only the LoRA; a tiny run writes its log, checkpoint and curves, resumes, and stops on STOP."""
+import io
+import json
+import math
+
+import pytest
+import torch
+
+from core import adapters
+from core.checkpoint import RunDir, load_checkpoint, save_checkpoint
+from core.rewards import barrier, group_advantages, grpo_loss, k3_kl, reward
+from core.rl import RlArgs, policy_update, prefix_cache, rollout, run, token_logprobs
+from core.tiny import make_reasoning_engine
+from tests.conftest import TINY_ID
+
+GSM = [{"question": f"Tom has {a} apples and buys {b} more. How many apples does he have?",
+        "answer": f"He has {a}+{b} = <<{a}+{b}={a + b}>>{a + b}.\n#### {a + b}"} for a, b in ((3, 4), (5, 6), (7, 1))]
+
+
+def test_barrier_is_one_then_linear_then_zero():
+    assert barrier(50, 100, 0.25) == 1.0 and barrier(75, 100, 0.25) == 1.0
+    assert barrier(80, 100, 0.25) == pytest.approx(0.9)  # 1 - (80-75)/(125-75)
+    assert barrier(100, 100, 0.25) == pytest.approx(0.5)
+    assert barrier(125, 100, 0.25) == 0.0 and barrier(400, 100, 0.25) == 0.0
+    assert barrier(100, 100, 0.0) == 1.0 and barrier(101, 100, 0.0) == 0.0  # m = 0: a hard step at B
+    assert reward(True, 110, 100, 0.25) == pytest.approx(0.3) and reward(False, 10, 100, 0.25) == 0.0
+    with pytest.raises(ValueError):
+        barrier(10, 0, 0.25)
+
+
+def test_group_advantages_normalise_per_group_and_equal_groups_give_zeros():
+    adv = group_advantages([1.0, 0.0, 0.0, 1.0])  # mean 0.5, population std 0.5
+    assert adv == pytest.approx([0.5 / (0.5 + 1e-4), -0.5 / (0.5 + 1e-4)] * 1 + [-0.5 / (0.5 + 1e-4), 0.5 / (0.5 + 1e-4)])
+    assert group_advantages([0.3, 0.3, 0.3]) == [0.0, 0.0, 0.0]
+    assert group_advantages([0.9, 0.0, 0.0]) == pytest.approx([0.6 / (math.sqrt(0.18) + 1e-4),
+                                                               -0.3 / (math.sqrt(0.18) + 1e-4),
+                                                               -0.3 / (math.sqrt(0.18) + 1e-4)])
+
+
+def test_grpo_loss_clips_the_ratio_and_adds_the_k3_kl():
+    ln = math.log
+    new = torch.tensor([[ln(0.5), ln(0.5)], [ln(0.5), ln(0.9)]], requires_grad=True)
+    old = torch.tensor([[ln(0.4), ln(0.5)], [ln(0.4), ln(0.1)]])
+    mask = torch.tensor([[1, 1], [1, 0]])
+    adv = torch.tensor([1.0, -1.0])
+    # row 0: ratio 1.25 clipped to 1.2 (A > 0) -> -1.2; ratio 1 -> -1. row 1: ratio 1.25, A < 0: min is -1.25 -> +1.25.
+    loss = grpo_loss(new, old, new.detach(), adv, mask, clip=0.2, kl_coef=0.5)  # ref = new: KL term 0
+    assert loss.item() == pytest.approx((-1.2 - 1.0 + 1.25) / 3)
+    loss.backward()
+    # the clipped token has no gradient; the unclipped ones d(-ρA)/dlogp = -ρA, over 3 tokens; masked: 0
+    assert new.grad.flatten().tolist() == pytest.approx([0.0, -1 / 3, 1.25 / 3, 0.0])
+    ref = torch.full((2, 2), ln(0.25))  # k3 with ref/new = 0.5: 0.5 - ln 0.5 - 1
+    k3 = 0.5 - ln(0.5) - 1
+    assert k3_kl(torch.tensor(ln(0.5)), torch.tensor(ln(0.25))).item() == pytest.approx(k3)
+    with_kl = grpo_loss(new.detach(), old, ref, adv, mask, clip=0.2, kl_coef=0.1)
+    assert with_kl.item() == pytest.approx((-1.2 - 1.0 + 1.25) / 3 + 0.1 * k3, abs=1e-6)
+    rows = sum(grpo_loss(new.detach()[i:i + 1], old[i:i + 1], ref[i:i + 1], adv[i:i + 1], mask[i:i + 1], 0.2, 0.1,
+                         tokens=3) for i in range(2))  # one row at a time with the group's token count: same loss
+    assert rows.item() == pytest.approx(with_kl.item(), abs=1e-6)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    torch.manual_seed(0)
+    return make_reasoning_engine()
+
+
+def test_rollouts_share_one_prefill_and_respect_the_budget(engine):
+    args = RlArgs(data=("x",), group=3, answer_tokens=6)
+    prefix, samples = rollout(engine, "What is 17*23?", 5, args, seed=1)
+    tok = engine.tokenizer
+    assert "Think for at most 5 tokens" in tok.decode(prefix) and tok.decode(prefix).endswith("<think>\n")
+    assert len(samples) == 3
+    close = list(engine.markers.forced_close)
+    for s in samples:
+        assert s.thinking_tokens <= 5 and len(s.ids) == len(s.sampled)
+        assert sum(s.sampled) == s.thinking_tokens + s.answer_tokens  # the forced close is fed, not sampled
+        if s.budget_hit:
+            assert s.ids[s.thinking_tokens:s.thinking_tokens + len(close)] == close
+    # the rollouts differ (sampling at temperature 1), yet all continue the same prefix
+    assert len({tuple(s.ids) for s in samples}) > 1
+
+
+def test_update_changes_only_the_lora_and_its_gradient_is_nonzero(engine, tmp_path):
+    model = engine.model
+    args = RlArgs(data=("x",), group=2, answer_tokens=4, lr=1e-2, kl=0.1)
+    prefix, samples = rollout(engine, "What is 2+2?", 6, args, seed=3)
+    named = dict(model.named_parameters())
+    lora = {n for n, p in named.items() if p.requires_grad}
+    assert lora and all("lora_" in n for n in lora)
+    before = {n: p.detach().clone() for n, p in named.items()}
+    cache = prefix_cache(model, prefix)
+    new = token_logprobs(model, cache, samples[0].ids, args.temperature)
+    mask = torch.tensor(samples[0].sampled[1:], dtype=torch.float32)
+    grpo_loss(new[None], new.detach()[None], new.detach()[None], torch.tensor([1.0]), mask[None]).backward()
+    assert any(named[n].grad is not None and named[n].grad.abs().sum() > 0 for n in lora)
+    assert all(p.grad is None for n, p in named.items() if n not in lora)
+    model.zero_grad(set_to_none=True)
+    params = [named[n] for n in sorted(lora)]
+    optim = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
+    ref = [p.detach().clone() for p in model.parameters() if p.requires_grad]
+    stats = policy_update(model, optim, prefix, samples, [1.0, -1.0], ref, args)
+    assert stats["kl"] == pytest.approx(0.0, abs=1e-6) and math.isfinite(stats["loss"])  # the ref is the start
+    assert all(torch.equal(p, before[n]) for n, p in named.items() if n not in lora)  # base weights untouched
+    assert any(not torch.equal(named[n], before[n]) for n in lora)
+    # the optimizer moments round-trip through the safetensors checkpoint
+    save_checkpoint(tmp_path / "checkpoint", model, optim, {"step": 1})
+    fresh = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
+    assert load_checkpoint(tmp_path / "checkpoint", model, fresh)["step"] == 1
+    assert len(fresh.state) == len(optim.state) == len(params)
+
+
+@pytest.fixture
+def start_adapter(tmp_path, tiny_hf_dir):
+    from core.loading import load_plain
+
+    model = adapters.attach_new(load_plain(tiny_hf_dir, torch.bfloat16), rank=4)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                torch.nn.init.normal_(p, std=0.05)
+    folder = tmp_path / "start"
+    adapters.save_adapter(model, folder, {"kind": "reasoning", "base_fingerprint": adapters.base_fingerprint(tiny_hf_dir)})
+    return folder
+
+
+def _events(rd: RunDir) -> list[dict]:
+    return [json.loads(line) for line in (rd.path / "log.jsonl").read_text().splitlines()]
+
+
+def test_tiny_run_logs_checkpoints_draws_resumes_and_stops(tmp_path, tiny_store, start_adapter):
+    data = tmp_path / "gsm.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in GSM))
+    args = RlArgs(data=(str(data),), adapter=str(start_adapter), budgets=(6, 10), group=2, steps=2, answer_tokens=4,
+                  model_id=TINY_ID, precision="bf16", checkpoint_every=1, threads=1, run_dir=str(tmp_path / "run"))
+    rd = RunDir(tmp_path / "run", json_progress=True, out=io.StringIO())
+    out = run(args, rd, store=tiny_store)
+    events = _events(rd)
+    steps = [e for e in events if e["event"] == "rl_progress"]
+    assert [e["step"] for e in steps] == [1, 2] and all(e["budget"] in (6, 10) for e in steps)
+    for key in ("reward", "length", "accuracy", "cut_share", "loss", "seconds", "elapsed_s", "eta_s"):
+        assert key in steps[0]
+    assert json.loads((rd.checkpoint / "state.json").read_text())["step"] == 2
+    assert all((rd.path / f"{k}.png").stat().st_size > 1000 for k in ("reward", "length", "accuracy"))
+    assert (out / "adapter_model.safetensors").is_file() and events[-1]["event"] == "saved"
+    printed = [json.loads(line) for line in rd.out.getvalue().splitlines()]
+    assert [e["event"] for e in printed] == [e["event"] for e in events]
+
+    resumed = RunDir(tmp_path / "run", json_progress=True, out=io.StringIO())
+    run(RlArgs(**{**args.__dict__, "steps": 3}), resumed, store=tiny_store, resume=True)
+    again = [e for e in _events(resumed) if e["event"] == "rl_progress"]
+    assert [e["step"] for e in again] == [1, 2, 3]  # continued after the checkpoint's step 2
+    assert json.loads((rd.checkpoint / "state.json").read_text())["step"] == 3
+
+    stop_dir = StopAfterFirstStep(tmp_path / "stopped", json_progress=True, out=io.StringIO())
+    stopped_args = RlArgs(**{**args.__dict__, "steps": 5, "run_dir": str(stop_dir.path)})
+    assert run(stopped_args, stop_dir, store=tiny_store) is None
+    kinds = [(e["event"], e.get("step")) for e in _events(stop_dir)]
+    assert kinds[-3:] == [("rl_progress", 1), ("checkpoint", 1), ("stopped", 1)]
+    assert json.loads((stop_dir.checkpoint / "state.json").read_text())["step"] == 1
+
+
+class StopAfterFirstStep(RunDir):
+    """A run folder whose user drops a STOP file as soon as the first step is reported (as the wizard's Pause does)."""
+
+    def emit(self, event: dict, text: str | None = None) -> None:
+        super().emit(event, text)
+        if event["event"] == "rl_progress" and event["step"] == 1:
+            (self.path / "STOP").touch()
