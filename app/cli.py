@@ -121,6 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="train adapters and heads (sft: reasoning LoRA adapter)")
     tsub = train.add_subparsers(dest="train_command", metavar="WHAT")
     tsub.add_parser("sft", help="reasoning LoRA adapter by masked SFT (run `ponder train sft --help`)", add_help=False)
+    tsub.add_parser("rl", help="budget-forcing RL of a reasoning adapter (run `ponder train rl --help`)",
+                    add_help=False)
     tsub.add_parser("switcher", help="the reasoning-needed classifier head", add_help=False)
     tsub.add_parser("verifier", help="the answer-correctness head", add_help=False)
     sub.add_parser("eval", help="accuracy, tokens and latency on a GSM8K/MATH file (`ponder eval --help`)",
@@ -361,9 +363,13 @@ def cmd_serve(args) -> int:
 
 
 def cmd_train(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("sft", "switcher", "verifier"):
-        print("ponder train: choose what to train: sft, switcher or verifier", file=sys.stderr)
+    if not argv or argv[0] not in ("sft", "rl", "switcher", "verifier"):
+        print("ponder train: choose what to train: sft, rl, switcher or verifier", file=sys.stderr)
         return 2
+    if argv[0] == "rl":
+        from core.rl import main as rl_main
+
+        return rl_main(argv[1:])
     if argv[0] == "sft":
         from core.training import main as train_main
     else:
