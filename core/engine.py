@@ -7,11 +7,13 @@ answers; at the budget the engine closes the trace itself and forces the answer.
 for with a `trace_key` keeps its cache in memory under that key, so `think_longer` can reopen that trace
 without re-encoding it; when it is gone (a restart, another model) `think_longer` rebuilds it from the stored
 text. Exactly one thread calls an Engine; cancellation is a `threading.Event` checked every decode step.
+Adapters (`core.adapter_slots`) switch without reloading the model: the reasoning adapter thinks, a skill
+adapter (by name) answers base-mode requests; the prompt is always encoded by the base model.
 The engine knows nothing about files or Qt.
 """
 from __future__ import annotations
 
-import contextlib
+import functools
 import threading
 import time
 from collections import OrderedDict
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from . import adapters
+from .adapter_slots import AdapterChoice, AdapterSlots, Loaded
 from .cache import cache_bytes, crop, fork, new_cache
 from .chat_format import DEFAULT_SYSTEM, build_prompt_ids, stop_token_ids
 from .config import SamplingConfig
@@ -54,12 +57,14 @@ class _Trace:
     budget: int | None
 
 
-class Engine:
+class Engine(AdapterChoice):
     """One loaded model, ready to answer."""
 
     def __init__(self, model, tokenizer, *, model_id: str, precision: str = "bf16", kv: str = "bf16",
                  context: int = 8192, router=None, adapter_name: str | None = None):
-        self.model = model.eval()
+        self.slots = AdapterSlots(model.eval(), adapter_name if adapters.is_adapted(model) else None)
+        self.base_fingerprint: str | None = None
+        """The base weights' fingerprint (set by the loader): adapters trained on other weights are refused."""
         self.tokenizer = tokenizer
         self.model_id = model_id
         self.precision = precision
@@ -69,20 +74,15 @@ class Engine:
         self.router = router
         self.verifier = None
         """A core.verifier.Verifier scoring parallel reasoning answers, when one is loaded."""
-        self.adapter_name = adapter_name if adapters.is_adapted(model) else None
         self.markers = ReasoningMarkers.for_tokenizer(tokenizer)
         self.last_cache = None
         self._traces: OrderedDict[str, _Trace] = OrderedDict()
-
-    @property
-    def can_reason(self) -> bool:
-        return self.adapter_name is not None
 
     def prompt_ids(self, messages: Sequence[dict] | str, system: str | None = DEFAULT_SYSTEM) -> list[int]:
         return build_prompt_ids(self.tokenizer, messages, system=system)
 
     def _base(self):
-        return adapters.base(self.model)
+        return self.slots.using(None)
 
     def route(self, mode: str, hidden: torch.Tensor | None) -> RouteDecision:
         if mode == "reason":
@@ -143,23 +143,26 @@ class Engine:
         return think_limit, max(1, min(answer_max_tokens, room - think_limit))
 
     def _decode(self, cache, logits, rows: list[Row], cfg: SamplingConfig, reasoning: bool, cancel,
-                **extra) -> Iterator[TokenEvent]:
+                skill: Loaded | None = None, **extra) -> Iterator[TokenEvent]:
+        """Decode steps run under the reasoning adapter, else the skill adapter, else the base model."""
+        adapter = functools.partial(self.slots.using, self.slots.reasoning if reasoning else skill)
         return decode_rows(self.model, cache, logits, rows, tokenizer=self.tokenizer, markers=self.markers,
-                           eos_ids=self.eos_ids, cfg=cfg, generator=make_generator(cfg.seed),
-                           adapter=contextlib.nullcontext if reasoning else self._base, cancel=cancel,
-                           verifier=self.verifier, **extra)
+                           eos_ids=self.eos_ids, cfg=cfg, generator=make_generator(cfg.seed), adapter=adapter,
+                           cancel=cancel, verifier=self.verifier, **extra)
 
     def stream(self, messages: Sequence[dict] | str, sampling: SamplingConfig | None = None, *, mode: str = "base",
                budget: int | None = 256, answer_max_tokens: int = 256, cancel: threading.Event | None = None,
-               system: str | None = DEFAULT_SYSTEM, trace_key: str | None = None
+               system: str | None = DEFAULT_SYSTEM, trace_key: str | None = None, skill=None
                ) -> Iterator[TokenEvent | DoneEvent]:
         """Yield TokenEvents (kind 'thinking' or 'answer') as text becomes final, then one DoneEvent.
 
         mode: 'base' answers directly; 'reason' thinks first (needs the adapter); 'auto' lets the switcher decide.
         budget: thinking tokens before the engine forces the answer (None = up to the context window).
         trace_key: keep a reasoning answer's trace in memory under this key for `think_longer`.
+        skill: a loaded skill adapter's name (or an AdapterCard) that writes the answer when no thinking happens.
         """
         self._check(mode)
+        skill = self._skill(skill)
         cfg = sampling or SamplingConfig()
         start = time.perf_counter()
         ids = self._prompt(messages, mode, budget, system)
@@ -169,8 +172,8 @@ class Engine:
         think_limit, answer_limit = self._limits(start_len, decision.reason, budget, answer_max_tokens, cfg)
         row = new_row(0, self.tokenizer, self.markers, cfg, reasoning=decision.reason, think_limit=think_limit,
                       answer_limit=answer_limit, seen=ids)
-        yield from self._decode(cache, logits, [row], cfg, decision.reason, cancel)
-        answer = self._answer(row, ids, decision, budget if decision.reason else None, start, cache)
+        yield from self._decode(cache, logits, [row], cfg, decision.reason, cancel, skill)
+        answer = self._answer(row, ids, decision, budget if decision.reason else None, start, cache, skill=skill)
         if decision.reason and trace_key is not None:
             self._keep_row(trace_key, row, cache, ids, start_len, budget)
         yield DoneEvent(answer)
@@ -227,7 +230,7 @@ class Engine:
             self.model(input_ids=torch.tensor([ids + list(self.markers.think_open)]), cache=cache, use_cache=True,
                        logits_to_keep=1)
         if thinking_ids:
-            with torch.inference_mode():
+            with self.slots.using(self.slots.reasoning), torch.inference_mode():
                 self.model(input_ids=torch.tensor([thinking_ids]), cache=cache, use_cache=True, logits_to_keep=1)
         return cache, thinking_ids
 
@@ -254,7 +257,7 @@ class Engine:
         return key in self._traces
 
     def _answer(self, row: Row, ids, decision: RouteDecision, budget, start, cache, prior: str = "",
-                prior_ids: Sequence[int] = (), resumed: str | None = None) -> Answer:
+                prior_ids: Sequence[int] = (), resumed: str | None = None, skill: Loaded | None = None) -> Answer:
         end = time.perf_counter()
         first_at = row.first_token_at or end
         out_ids = list(prior_ids) + row.thinking_ids + row.answer_ids
@@ -269,11 +272,11 @@ class Engine:
                       stats, self.model_id, tuple(out_ids), thinking=prior + row.think.text,
                       thinking_tokens=len(prior_ids) + len(row.thinking_ids), answer_tokens=len(row.answer_ids),
                       budget=budget, budget_forced=row.budget_hit, route=decision,
-                      adapter=self.adapter_name if reasoning else None, resumed=resumed)
+                      adapter=self._answered_by(reasoning, skill), resumed=resumed)
 
     def parallel(self, messages: Sequence[dict] | str, sampling: SamplingConfig | None = None, *, n: int = 4,
                  mode: str = "reason", budget: int | None = 256, answer_max_tokens: int = 256,
-                 cancel: threading.Event | None = None, system: str | None = DEFAULT_SYSTEM
+                 cancel: threading.Event | None = None, system: str | None = DEFAULT_SYSTEM, skill=None
                  ) -> Iterator[TokenEvent | DoneEvent]:
         """N answers sampled from one prefill, decoded as one batch and voted on.
 
@@ -284,6 +287,7 @@ class Engine:
         if not 1 <= n <= MAX_STREAMS:
             raise ValueError(f"parallel answers must be between 1 and {MAX_STREAMS}")
         self._check(mode)
+        skill = self._skill(skill)
         cfg = sampling or SamplingConfig()
         start = time.perf_counter()
         ids = self._prompt(messages, mode, budget, system, reserve=64)
@@ -297,10 +301,11 @@ class Engine:
                                                  answer_max_tokens, cfg)
         rows = [new_row(i, self.tokenizer, self.markers, cfg, reasoning=decision.reason, think_limit=think_limit,
                         answer_limit=answer_limit, verify=verify, seen=ids) for i in range(n)]
-        yield from self._decode(cache, logits.expand(n, -1), rows, cfg, decision.reason, cancel)
-        yield DoneEvent(self._combine(rows, ids, decision, budget if decision.reason else None, start, kv_bytes))
+        yield from self._decode(cache, logits.expand(n, -1), rows, cfg, decision.reason, cancel, skill)
+        yield DoneEvent(self._combine(rows, ids, decision, budget if decision.reason else None, start, kv_bytes,
+                                      skill))
 
-    def _combine(self, rows: list[Row], ids, decision, budget, start, kv_bytes) -> Answer:
+    def _combine(self, rows: list[Row], ids, decision, budget, start, kv_bytes, skill=None) -> Answer:
         candidates = []
         for row in rows:
             text = row.answer_text(self.markers)
@@ -323,13 +328,13 @@ class Engine:
         return Answer(best.text, reason, stats, self.model_id, (), thinking=best.thinking,
                       thinking_tokens=best.thinking_tokens, answer_tokens=best.answer_tokens, budget=budget,
                       budget_forced=best.budget_forced, route=decision,
-                      adapter=self.adapter_name if decision.reason else None, candidates=tuple(candidates),
+                      adapter=self._answered_by(decision.reason, skill), candidates=tuple(candidates),
                       vote_table=result.table, vote_method=method, chosen=chosen,
                       vote_tie=result.tie)
 
     def generate_batch(self, prompts: Sequence[Sequence[dict] | str], sampling: SamplingConfig | None = None, *,
                        mode: str = "base", budget: int | None = 256, answer_max_tokens: int = 256,
-                       system: str | None = DEFAULT_SYSTEM) -> list[Answer]:
+                       system: str | None = DEFAULT_SYSTEM, skill=None) -> list[Answer]:
         """Answers to K different prompts decoded as one batch (left-padded prefill), for evaluation throughput.
 
         Same prompts, rules and weights as `stream`; only the batching differs, so results can differ from
@@ -338,6 +343,7 @@ class Engine:
         if mode == "auto":
             raise ValueError("generate_batch takes mode 'base' or 'reason'")
         self._check(mode)
+        skill = self._skill(skill)
         cfg = sampling or SamplingConfig()
         reasoning = mode == "reason"
         start = time.perf_counter()
@@ -356,10 +362,11 @@ class Engine:
         think_limit, answer_limit = self._limits(width, reasoning, budget, answer_max_tokens, cfg)
         rows = [new_row(i, self.tokenizer, self.markers, cfg, reasoning=reasoning, think_limit=think_limit,
                         answer_limit=answer_limit, seen=ids) for i, ids in enumerate(prompt_ids)]
-        for _event in self._decode(cache, logits, rows, cfg, reasoning, None, mask=mask, next_pos=positions[:, -1] + 1):
+        for _event in self._decode(cache, logits, rows, cfg, reasoning, None, skill, mask=mask,
+                                   next_pos=positions[:, -1] + 1):
             pass
         decision = RouteDecision(reasoning, None, "mode")
-        return [self._answer(row, ids, decision, budget if reasoning else None, start, cache)
+        return [self._answer(row, ids, decision, budget if reasoning else None, start, cache, skill=skill)
                 for row, ids in zip(rows, prompt_ids, strict=True)]
 
     def generate(self, messages: Sequence[dict] | str, sampling: SamplingConfig | None = None, **kw) -> Answer:

@@ -18,6 +18,7 @@ from models.errors import CorruptModelFile
 from models.quantization import GROUP_SIZE, load_quantized, quant_info, quantize_model, save_quantized
 
 from . import adapters
+from .adapter_library import AdapterError, AdapterLibrary
 from .config import EngineConfig
 from .engine import Engine
 from .model_store import InstalledModel, ModelStore
@@ -106,24 +107,47 @@ def load_component(installed: InstalledModel, kind: str, load: Callable[[Path], 
     return None
 
 
-def _checked_adapter(fingerprint: str):
-    """A loader for `load_component`: (folder, meta) of an adapter that fits these base weights and reads whole,
-    checked before peft starts changing the model in place."""
-    def check(folder: Path) -> tuple[Path, dict]:
-        meta = adapters.adapter_meta(folder)
-        if meta.get("base_fingerprint") not in (None, fingerprint):
-            raise ValueError("it was trained on other base weights")
-        adapters.check_adapter(folder)
-        return folder, meta
+def _reasoning_cards(installed: InstalledModel, store: ModelStore, wanted: str | None, warnings: list[str]):
+    """The reasoning adapters to try, best first: the library's `wanted` one, then the user's component folder,
+    then the shipped one (the library lists both as built-in)."""
+    library = AdapterLibrary(store=store)
+    cards = [c for c in library.list(installed.id, kind="reasoning") if c.builtin]
+    if wanted is None:
+        return cards
+    try:
+        return [library.get(installed.id, wanted)] + [c for c in cards if c.name != wanted]
+    except (AdapterError, OSError) as err:
+        fallback = "the built-in one" if cards else "no reasoning adapter"
+        msg = f"The reasoning adapter '{wanted}' could not be loaded ({err}); using {fallback}."
+        log.warning("%s", msg)
+        warnings.append(msg)
+        return cards
 
-    return check
+
+def attach_reasoning(engine: Engine, cards, warnings: list[str]) -> None:
+    """Make the first of `cards` that loads the engine's reasoning adapter; a damaged or mismatched one is
+    skipped with a warning (user-visible) and the log, falling back to the next, else to none."""
+    for i, card in enumerate(cards):
+        try:
+            adapters.adapter_meta(card.folder)  # a damaged card is a damaged adapter
+            engine.use_reasoning_adapter(card)
+            return
+        except Exception as err:  # corrupt JSON/safetensors, wrong shapes, other base weights: never fatal
+            rest = cards[i + 1:]
+            fallback = ("no reasoning adapter" if not rest else "the shipped one"
+                        if rest[0].builtin and rest[0].folder.is_relative_to(resource_dir()) else f"'{rest[0].name}'")
+            msg = (f"The reasoning adapter in {card.folder} could not be loaded ({type(err).__name__}: {err}); "
+                   f"using {fallback}.")
+            log.warning("%s", msg)
+            warnings.append(msg)
 
 
 def load_engine(cfg: EngineConfig | None = None, store: ModelStore | None = None,
                 progress: Progress | None = None, reasoning: bool = True) -> Engine:
-    """Everything needed to answer: check memory, load weights at the precision, attach the reasoning adapter,
-    switcher and verifier when the model has them, wrap in an Engine. `engine.warnings` lists what the user
-    should be told (e.g. a damaged head that was skipped)."""
+    """Everything needed to answer: check memory, load weights at the precision, wrap in an Engine, attach the
+    reasoning adapter (`cfg.reasoning_adapter` from the library, else the user's or the shipped one), switcher
+    and verifier when the model has them. `engine.warnings` lists what the user should be told (e.g. a damaged
+    head that was skipped)."""
     cfg = cfg or EngineConfig()
     store = store or ModelStore()
     installed = store.get(cfg.model_id)
@@ -131,18 +155,11 @@ def load_engine(cfg: EngineConfig | None = None, store: ModelStore | None = None
     set_threads(cfg.threads)
     tokenizer = load_tokenizer(installed.hf_dir)
     model = load_model(installed, cfg, progress)
-    router = verifier = adapter_name = None
-    warnings: list[str] = []
+    engine = Engine(model, tokenizer, model_id=cfg.model_id, precision=cfg.precision, kv=cfg.kv, context=cfg.context)
+    engine.base_fingerprint = adapters.base_fingerprint(installed.hf_dir)
+    engine.warnings = warnings = []  # type: list[str]
     if reasoning:
-        found = load_component(installed, "reasoning", _checked_adapter(adapters.base_fingerprint(installed.hf_dir)),
-                               warnings, label="reasoning adapter")
-        if found is not None:
-            folder, meta = found
-            model, adapter_name = adapters.load_adapter(model, folder), meta.get("name", "reasoning")
-        router = load_component(installed, "switcher", Router.load, warnings)
-        verifier = load_component(installed, "verifier", Verifier.load, warnings)
-    engine = Engine(model, tokenizer, model_id=cfg.model_id, precision=cfg.precision, kv=cfg.kv, context=cfg.context,
-                    router=router, adapter_name=adapter_name)
-    engine.verifier = verifier
-    engine.warnings = warnings
+        attach_reasoning(engine, _reasoning_cards(installed, store, cfg.reasoning_adapter, warnings), warnings)
+        engine.router = load_component(installed, "switcher", Router.load, warnings)
+        engine.verifier = load_component(installed, "verifier", Verifier.load, warnings)
     return engine

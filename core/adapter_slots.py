@@ -1,0 +1,175 @@
+"""The LoRA adapters loaded into one engine's model, which of them reasons, and the context decode runs under.
+
+Several adapters live side by side in one peft model (`PeftModel.load_adapter` under its own adapter name);
+choosing one is `set_adapter` on weights already in memory, so switching the reasoning adapter or answering
+with a skill adapter never reloads the base model. A model without any adapter is wrapped by peft the first
+time one is loaded. The prompt is always encoded with adapters off (`adapters.base`). A few adapters are kept
+loaded; the least recently used skill is dropped beyond that (the reasoning adapter is never dropped).
+"""
+from __future__ import annotations
+
+import contextlib
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import adapters
+
+MAX_LOADED = 4
+"""Adapters kept in memory at once (a rank-16 adapter of the 0.5B model is ~35 MB in float32)."""
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """One adapter loaded into the model."""
+
+    peft_name: str
+    """Its name inside the peft model."""
+    name: str
+    """Its name for the user (the library card's name)."""
+    key: tuple | None = None
+    """(folder, mtime, size) of its weights: the same files are loaded once."""
+
+
+def _key(folder: Path) -> tuple:
+    weights = Path(folder).resolve() / "adapter_model.safetensors"
+    st = weights.stat()
+    return str(weights), st.st_mtime_ns, st.st_size
+
+
+class AdapterSlots:
+    """The engine's adapters: `reasoning` (or None), `skills` by name, and `using(item)` to run under one."""
+
+    def __init__(self, model, reasoning_name: str | None = None):
+        self.model = model
+        self._loaded: OrderedDict[str, Loaded] = OrderedDict()
+        self.reasoning: Loaded | None = None
+        self.skills: dict[str, Loaded] = {}
+        self._count = 0
+        if reasoning_name is not None and adapters.is_adapted(model):  # the adapter the model came with
+            self.reasoning = Loaded(model.active_adapter, reasoning_name)
+            self._loaded[self.reasoning.peft_name] = self.reasoning
+
+    def load(self, folder: Path, name: str) -> Loaded:
+        """Load the adapter in `folder` (once per set of files) and return it; raises ValueError when it is
+        damaged or does not fit this model, leaving the loaded adapters as they were."""
+        folder = Path(folder)
+        adapters.check_adapter(folder)
+        key = _key(folder)
+        for item in self._loaded.values():
+            if item.key == key:
+                self._loaded.move_to_end(item.peft_name)
+                return Loaded(item.peft_name, name, key)
+        self._count += 1
+        peft_name = f"ponder{self._count}"
+        try:
+            if adapters.is_adapted(self.model):
+                self.model.load_adapter(str(folder), adapter_name=peft_name, is_trainable=False)
+            else:
+                from peft import PeftModel
+
+                self.model = PeftModel.from_pretrained(self.model, str(folder), adapter_name=peft_name,
+                                                       is_trainable=False)
+        except Exception as err:  # shapes of another model, unknown config keys, ...: leave no half adapter
+            if adapters.is_adapted(self.model) and peft_name in self.model.peft_config and len(self.model.peft_config) > 1:
+                self.model.delete_adapter(peft_name)
+                self._restore_active()
+            raise ValueError(f"it does not fit this model ({type(err).__name__}: {err})") from err
+        self.model.eval()
+        self._restore_active()
+        item = Loaded(peft_name, name, key)
+        self._loaded[peft_name] = item
+        self._evict()
+        return item
+
+    def _restore_active(self) -> None:
+        """Keep the reasoning adapter the active one between requests (code outside the engine expects it)."""
+        if self.reasoning is not None and self.model.active_adapter != self.reasoning.peft_name:
+            self.model.set_adapter(self.reasoning.peft_name, inference_mode=True)
+
+    def _evict(self) -> None:
+        while len(self._loaded) > MAX_LOADED:
+            keep = {self.reasoning.peft_name} if self.reasoning is not None else set()
+            victim = next((n for n in self._loaded if n not in keep), None)
+            if victim is None:
+                return
+            del self._loaded[victim]
+            self.skills = {k: v for k, v in self.skills.items() if v.peft_name != victim}
+            self.model.delete_adapter(victim)
+            self._restore_active()
+
+    def add_skill(self, folder: Path, name: str) -> Loaded:
+        self.skills[name] = item = self.load(folder, name)
+        return item
+
+    def skill(self, name: str) -> Loaded:
+        try:
+            return self.skills[name]
+        except KeyError:
+            raise ValueError(f"The skill adapter '{name}' is not loaded.") from None
+
+    @contextlib.contextmanager
+    def using(self, item: Loaded | None):
+        """Run under adapter `item` (None: the base model, every adapter off)."""
+        if item is None:
+            with adapters.base(self.model):
+                yield
+            return
+        if self.model.active_adapter != item.peft_name:
+            self.model.set_adapter(item.peft_name, inference_mode=True)
+        yield
+
+    def names(self) -> dict:
+        return {"reasoning": self.reasoning.name if self.reasoning else None, "skills": sorted(self.skills)}
+
+
+class AdapterChoice:
+    """The Engine's adapter choices, on top of its `slots`, `model_id`, `base_fingerprint` and kept traces."""
+
+    @property
+    def model(self):
+        return self.slots.model
+
+    @property
+    def adapter_name(self) -> str | None:
+        """The reasoning adapter's name, None when there is none."""
+        return self.slots.reasoning.name if self.slots.reasoning else None
+
+    @property
+    def can_reason(self) -> bool:
+        return self.slots.reasoning is not None
+
+    def _fits(self, card, kind: str) -> None:
+        if card.kind != kind:
+            raise ValueError(f"'{card.name}' is a {card.kind} adapter, not a {kind} adapter.")
+        if card.base_model != self.model_id:
+            raise ValueError(f"'{card.name}' was trained for {card.base_model}, not {self.model_id}.")
+        if None not in (card.base_fingerprint, self.base_fingerprint) and card.base_fingerprint != self.base_fingerprint:
+            raise ValueError(f"'{card.name}' was trained on other base weights than the loaded {self.model_id}.")
+
+    def use_reasoning_adapter(self, card) -> None:
+        """Make the library adapter `card` (an AdapterCard) the reasoning adapter, loading it once; None = no
+        reasoning adapter. The model is not reloaded; traces kept for think longer are dropped."""
+        if card is not None:
+            self._fits(card, "reasoning")
+            self.slots.reasoning = self.slots.load(card.folder, card.name)
+        else:
+            self.slots.reasoning = None
+        self._traces.clear()
+
+    def load_skill(self, card) -> str:
+        """Load the skill adapter `card` (cached by its name and files); returns the name `skill=` takes."""
+        self._fits(card, "skill")
+        return self.slots.add_skill(card.folder, card.name).name
+
+    def adapter_names(self) -> dict:
+        """{"reasoning": name or None, "skills": [loaded skill names]}."""
+        return self.slots.names()
+
+    def _skill(self, skill) -> Loaded | None:
+        if skill is None:
+            return None
+        return self.slots.skill(skill if isinstance(skill, str) else self.load_skill(skill))
+
+    def _answered_by(self, reasoning: bool, skill: Loaded | None) -> str | None:
+        return self.adapter_name if reasoning else skill.name if skill else None
