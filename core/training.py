@@ -296,6 +296,10 @@ def args_from_cli(a: argparse.Namespace) -> SftArgs:
     columns = tuple(c.strip() for c in a.columns.split(",")) if a.columns else None
     if columns is not None and len(columns) != 2:
         raise ValueError("--columns takes two names: PROMPT,RESPONSE")
+    if a.name:  # a bad name is said now, not after the training
+        from .adapter_library import validate_adapter_name
+
+        validate_adapter_name(a.name)
     kind = a.kind or ("skill" if a.name else "reasoning")
     return SftArgs(data=tuple(a.data), out=a.out, name=a.name, kind=kind, preset=a.preset, csv_columns=columns,
                    init_adapter=a.init_adapter, **values)

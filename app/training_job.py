@@ -1,0 +1,117 @@
+"""A training run in a child process (`ponder train …`), driven by its JSON event lines. Qt-free.
+
+The child owns the model, so a crash there cannot take the window down. A reader thread turns each stdout
+line that is a JSON object into an `on_event` call; another keeps the last lines of stderr for the final
+{"event": "exited", "returncode", "stderr_tail"} event. `stop()` is graceful and portable: it writes the run
+folder's STOP file (the trainer checks it after every step) and, where there is one, sends SIGTERM; on Windows
+that would be TerminateProcess, so there the STOP file alone asks for the stop. `kill()` ends it at once.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+STOP_FILE = "STOP"  # same name as core.checkpoint.STOP_FILE; app need not import torch to write it
+
+
+def ponder_command() -> list[str]:
+    """How to run `ponder`: the frozen executable itself, or this interpreter on the source tree's `app`."""
+    if getattr(sys, "frozen", False):
+        return [sys.executable]
+    return [sys.executable, "-m", "app"]
+
+
+class TrainingJob:
+    """One `ponder` training command; `on_event` is called from a reader thread."""
+
+    def __init__(self, args: list[str], on_event: Callable[[dict], None], run_dir: Path | None = None,
+                 env: dict | None = None, cwd: Path | None = None):
+        self.args = list(args)
+        self.on_event = on_event
+        self.run_dir = Path(run_dir) if run_dir else None
+        if self.run_dir is not None and "--run-dir" not in self.args:
+            self.args += ["--run-dir", str(self.run_dir)]
+        self.env = env
+        self.cwd = cwd or (Path(__file__).resolve().parent.parent if not getattr(sys, "frozen", False) else None)
+        self._proc: subprocess.Popen | None = None
+        self._stderr: collections.deque[str] = collections.deque(maxlen=40)
+        self._threads: list[threading.Thread] = []
+        self._done = threading.Event()
+
+    def start(self) -> None:
+        if self._proc is not None:
+            raise RuntimeError("this training job was already started")
+        if self.run_dir is not None:
+            (self.run_dir / STOP_FILE).unlink(missing_ok=True)
+        env = dict(os.environ if self.env is None else self.env)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        flags = subprocess.CREATE_NEW_PROCESS_GROUP if sys.platform == "win32" else 0
+        self._proc = subprocess.Popen(ponder_command() + self.args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      stdin=subprocess.DEVNULL, env=env, cwd=self.cwd, text=True, encoding="utf-8",
+                                      errors="replace", creationflags=flags)
+        out = threading.Thread(target=self._read_stdout, name="training-stdout", daemon=True)
+        err = threading.Thread(target=self._read_stderr, name="training-stderr", daemon=True)
+        self._threads = [out, err]
+        err.start()
+        out.start()
+
+    def _read_stdout(self) -> None:
+        proc = self._proc
+        for line in proc.stdout:
+            line = line.strip()
+            if not line.startswith("{"):
+                continue
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(event, dict) and "event" in event:
+                self._emit(event)
+        rc = proc.wait()
+        self._threads[1].join(timeout=5)
+        self._emit({"event": "exited", "returncode": rc, "stderr_tail": "".join(self._stderr).strip()})
+        self._done.set()
+
+    def _read_stderr(self) -> None:
+        for line in self._proc.stderr:
+            self._stderr.append(line)
+
+    def _emit(self, event: dict) -> None:
+        try:
+            self.on_event(event)
+        except Exception as err:  # a listener's bug must not stop the reading (the pipe would fill up)
+            self._stderr.append(f"event handler failed: {err!r}\n")
+
+    def stop(self) -> None:
+        """Stop after the current step with a resumable checkpoint (pause or cancel)."""
+        if self.run_dir is not None:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / STOP_FILE).touch()
+        if self.running and sys.platform != "win32":
+            self._proc.terminate()  # SIGTERM: the trainer treats it like the STOP file
+
+    def kill(self) -> None:
+        if self.running:
+            self._proc.kill()
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        """The return code once the process has ended and its events are delivered; None on timeout."""
+        if self._proc is None:
+            return None
+        if not self._done.wait(timeout):
+            return None
+        return self._proc.returncode
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self._proc is None else self._proc.poll()

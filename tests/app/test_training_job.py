@@ -1,0 +1,86 @@
+"""TrainingJob runs the real `ponder train sft` child process on the tiny model: its JSON events arrive,
+the adapter lands in the library; a stopped job resumes; a killed job leaves the library unchanged."""
+import json
+import os
+import threading
+
+import pytest
+
+from app.training_job import TrainingJob, ponder_command
+from core.adapter_library import AdapterLibrary
+
+MODEL = ["--model-id", "tiny-qwen2", "--precision", "bf16", "--rank", "4", "--eval-tokens", "6", "--json-progress"]
+
+
+@pytest.fixture
+def data(tmp_path):
+    path = tmp_path / "sql.jsonl"
+    rows = [{"question": f"What is {i} plus {i}?", "answer": f"{i} + {i} = {2 * i}\n#### {2 * i}"} for i in range(8)]
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    return path
+
+
+class Recorder:
+    def __init__(self):
+        self.events, self.seen = [], threading.Condition()
+
+    def __call__(self, event):
+        with self.seen:
+            self.events.append(event)
+            self.seen.notify_all()
+
+    def wait_for(self, kind, timeout=120):
+        with self.seen:
+            assert self.seen.wait_for(lambda: any(e["event"] in (kind, "exited") for e in self.events), timeout)
+        return next(e for e in self.events if e["event"] in (kind, "exited"))
+
+    def kinds(self):
+        return [e["event"] for e in self.events]
+
+
+def start(args, tmp_path, run="run"):
+    rec = Recorder()
+    job = TrainingJob(["train", "sft", *args], rec, run_dir=tmp_path / run, env=dict(os.environ))
+    job.start()
+    return job, rec
+
+
+def test_ponder_command_runs_the_source_tree():
+    assert ponder_command()[1:] == ["-m", "app"]
+
+
+def test_job_trains_evaluates_and_saves_into_the_library(tiny_store, tmp_path, data):
+    job, rec = start(["--data", str(data), "--name", "adder", "--kind", "reasoning", "--preset", "quick",
+                      "--steps", "3", "--held-out", "0.25", *MODEL], tmp_path)
+    assert job.wait(timeout=300) == 0, rec.events
+    kinds = rec.kinds()
+    assert kinds[0] == "loaded" and kinds[-1] == "exited" and kinds.count("progress") == 3
+    assert kinds.index("eval") < kinds.index("saved") < kinds.index("exited")
+    loaded = rec.events[0]
+    assert loaded == {"event": "loaded", "examples": 6, "held_out": 2, "total_steps": 3}
+    progress = [e for e in rec.events if e["event"] == "progress"]
+    assert [p["step"] for p in progress] == [1, 2, 3] and progress[-1]["eta_s"] == 0
+    assert all(p["tokens_per_s"] > 0 and p["total"] == 3 for p in progress)
+    ev = rec.events[kinds.index("eval")]
+    assert ev["before"]["accuracy"] is not None and ev["after"]["mean_tokens"] >= 0 and ev["samples"][0]["gold"]
+    card = AdapterLibrary().get("tiny-qwen2", "adder")
+    assert card.kind == "reasoning" and len(card.data_hash) == 64 and card.recipe["preset"] == "quick"
+    assert card.metrics["after"] == ev["after"] and str(card.folder) == rec.events[kinds.index("saved")]["folder"]
+
+
+def test_stopped_job_resumes_and_a_killed_one_leaves_the_library_unchanged(tiny_store, tmp_path, data):
+    job, rec = start(["--data", str(data), "--name", "paused", "--steps", "40", *MODEL], tmp_path)
+    rec.wait_for("progress")
+    job.stop()
+    assert job.wait(timeout=120) == 0 and not job.running
+    stopped = rec.wait_for("stopped")
+    assert stopped["resumable"] and 1 <= stopped["step"] < 40
+    assert (tmp_path / "run" / "checkpoint" / "state.json").is_file()
+    assert AdapterLibrary().list("tiny-qwen2", kind="skill") == []
+
+    again, rec2 = start(["--resume", "--json-progress", "--steps", "1"], tmp_path)  # --resume keeps the saved args
+    first = rec2.wait_for("progress")
+    assert first["step"] == stopped["step"] + 1 and first["total"] == 40
+    again.kill()
+    assert again.wait(timeout=60) not in (0, None)
+    assert "saved" not in rec2.kinds() and AdapterLibrary().list("tiny-qwen2", kind="skill") == []
