@@ -140,7 +140,6 @@ class AdapterLibrary:
         if self.root.is_dir():
             ids.update(d.name for d in self.root.iterdir() if d.is_dir() and not d.name.startswith("."))
         ids.update(m.id for m in self.store.list())
-        ids.update(d.name for d in (paths.resource_dir() / "components").glob("*") if d.is_dir())
         out = []
         for model_id in sorted(ids):
             try:
@@ -164,7 +163,8 @@ class AdapterLibrary:
         return cards
 
     def list(self, model_id: str | None = None, kind: str | None = None) -> list[AdapterCard]:
-        """Adapters (library ones, then builtin ones) of one model or of all, optionally of one kind."""
+        """Adapters (library ones, then builtin ones) of one model, or of every installed model and every model
+        the library has adapters for; optionally of one kind."""
         ids = [validate_model_id(model_id)] if model_id is not None else self._model_ids()
         cards = [c for m in ids for c in self._own(m) + self._builtins(m)]
         return [c for c in cards if kind is None or c.kind == kind]
