@@ -1,6 +1,8 @@
-"""Budget-forcing RL maths: the soft-barrier length reward, GRPO group advantages and the clipped policy loss.
+"""Budget-forcing RL maths: the soft-barrier length reward, GRPO group advantages, the clipped policy loss, and the
+masked two-pass log-probs it is taken on (`policy_update`, one GRPO optimizer step on a group of rollouts).
 
-Pure functions (floats and tensors in, floats and tensors out), so every number is checkable by hand.
+The reward, advantage and loss functions are pure (floats and tensors in and out), so every number is checkable
+by hand.
 - `barrier(L; B, m)`: 1 up to (1−m)·B, falling linearly to 0 at (1+m)·B, 0 beyond (the paper's soft barrier
   with penalty floor p = 0; algorithms.md A.4b).
 - `reward = correct × barrier`: a wrong answer earns nothing however short; a right one loses reward as it
@@ -12,9 +14,13 @@ Pure functions (floats and tensors in, floats and tensors out), so every number 
 """
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 import torch
+
+from . import adapters
+from .cache import fork, new_cache
 
 EPS = 1e-4
 
@@ -74,3 +80,68 @@ def grpo_loss(logp_new: torch.Tensor, logp_old: torch.Tensor, logp_ref: torch.Te
     per_token = -surrogate + kl_coef * k3_kl(logp_new, logp_ref)
     count = float(tokens) if tokens is not None else float(mask.sum().item())
     return (per_token * mask).sum() / max(count, 1.0)
+
+
+def prefix_cache(model, prefix: list[int]):
+    """The prefix (prompt + `<think>\\n`) encoded base-only, without gradient: exactly the inference cache."""
+    cache = new_cache(model.config, "bf16")
+    with torch.no_grad(), adapters.base(model):
+        model(input_ids=torch.tensor([prefix]), cache=cache, use_cache=True, logits_to_keep=1)
+    return cache
+
+
+def token_logprobs(model, cache, ids: list[int], temperature: float) -> torch.Tensor:
+    """(T−1,) log-probs of ids[1:] with the adapter on, continuing a copy of the prefix cache."""
+    logits = model(input_ids=torch.tensor([ids[:-1]]), cache=fork(cache, 1), use_cache=True).logits[0].float()
+    logits = logits / temperature
+    return logits.gather(-1, torch.tensor(ids[1:]).unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)
+
+
+@contextlib.contextmanager
+def swapped(params: list[torch.nn.Parameter], values: list[torch.Tensor]):
+    """Temporarily load `values` into `params` (the reference adapter), restoring them on exit."""
+    saved = [p.detach().clone() for p in params]
+    with torch.no_grad():
+        for p, v in zip(params, values, strict=True):
+            p.copy_(v)
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for p, s in zip(params, saved, strict=True):
+                p.copy_(s)
+
+
+def policy_update(model, optim, prefix: list[int], samples: list, advantages: list[float], ref: list[torch.Tensor],
+                  *, clip: float, kl: float, temperature: float, updates: int = 1) -> dict:
+    """`updates` clipped-GRPO optimizer steps on one group of samples (`.ids`, `.sampled`), one row's
+    forward/backward at a time; `ref` holds the reference values of the trainable tensors."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    cache = prefix_cache(model, prefix)
+    rows = [(s, a) for s, a in zip(samples, advantages, strict=True) if len(s.ids) >= 2]
+    masks = [torch.tensor(s.sampled[1:], dtype=torch.float32) for s, _ in rows]
+    tokens = max(1.0, sum(float(m.sum()) for m in masks))
+    refs = [None] * len(rows)
+    if kl > 0:
+        with torch.no_grad(), swapped(params, ref):
+            refs = [token_logprobs(model, cache, s.ids, temperature) for s, _ in rows]
+    old: list[torch.Tensor | None] = [None] * len(rows)
+    stats = {"loss": 0.0, "kl": 0.0}
+    for k in range(updates):
+        total = kl_sum = 0.0
+        for i, (s, a) in enumerate(rows):
+            new = token_logprobs(model, cache, s.ids, temperature)
+            if old[i] is None:
+                old[i] = new.detach()  # the rollout weights: this is the first pass before any update
+            ref_i = refs[i] if refs[i] is not None else new.detach()
+            loss = grpo_loss(new[None], old[i][None], ref_i[None], torch.tensor([a]), masks[i][None], clip, kl,
+                             tokens=tokens)
+            loss.backward()
+            total += loss.item()
+            kl_sum += float((k3_kl(new.detach(), ref_i) * masks[i]).sum())
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optim.step()
+        optim.zero_grad(set_to_none=True)
+        if k == 0:
+            stats = {"loss": total, "kl": kl_sum / tokens}
+    return stats

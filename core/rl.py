@@ -30,7 +30,6 @@ uninterrupted one would have.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import random
 import shutil
@@ -38,7 +37,6 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -57,7 +55,7 @@ from .loading import component_dirs, load_model, load_tokenizer, set_threads
 from .model_store import ModelStore
 from .paths import data_dir
 from .prompts import reasoning_system
-from .rewards import group_advantages, grpo_loss, k3_kl, reward
+from .rewards import group_advantages, policy_update, reward
 from .rl_plots import write_curves
 from .rows import decode_rows, new_row
 from .sampling import make_generator
@@ -66,7 +64,6 @@ from .training import lr_at
 from .voting import is_correct
 
 LENGTHS = ("total", "thinking")
-Emit = Callable[[dict], None]
 
 
 @dataclass(frozen=True)
@@ -99,7 +96,6 @@ class RlArgs:
     precision: str = "w4"
     """Base the adapter is trained on (QAMR); w4/w8 run as their exact dequantized bf16 copy."""
     run_dir: str | None = None
-    resume: bool = False
     checkpoint_every: int = 10
     seed: int = 0
     threads: int | None = None
@@ -107,25 +103,18 @@ class RlArgs:
     """Save the result into the adapter library under this name (kind 'reasoning')."""
 
     def __post_init__(self):
-        if not self.data:
-            raise ValueError("give at least one data file (--data)")
-        if not self.budgets or min(self.budgets) < 1:
-            raise ValueError("budgets must be positive token counts")
-        if not 0 <= self.margin <= 1:
-            raise ValueError("margin must be in [0, 1]")
-        if self.group < 2 or self.steps < 1 or self.updates < 1 or self.checkpoint_every < 1:
-            raise ValueError("group must be >= 2; steps, updates and checkpoint_every >= 1")
-        if not 0 < self.lr < 1 or self.temperature <= 0 or self.answer_tokens < 1:
-            raise ValueError("lr must be in (0, 1), temperature > 0, answer_tokens >= 1")
-        if self.kl < 0 or self.clip <= 0:
-            raise ValueError("kl must be >= 0 and clip > 0")
-        if self.length not in LENGTHS:
-            raise ValueError(f"length must be one of {LENGTHS}")
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {PRECISIONS}")
-
-    def folder(self) -> Path:
-        return Path(self.run_dir) if self.run_dir else data_dir() / "training" / (self.name or "rl")
+        checks = [(bool(self.data), "give at least one data file (--data)"),
+                  (bool(self.budgets) and min(self.budgets) >= 1, "budgets must be positive token counts"),
+                  (0 <= self.margin <= 1, "margin must be in [0, 1]"), (self.group >= 2, "group must be >= 2"),
+                  (min(self.steps, self.updates, self.checkpoint_every, self.answer_tokens) >= 1,
+                   "steps, updates, checkpoint_every and answer_tokens must be >= 1"),
+                  (0 < self.lr < 1 and self.temperature > 0, "lr must be in (0, 1) and temperature > 0"),
+                  (self.kl >= 0 and self.clip > 0, "kl must be >= 0 and clip > 0"),
+                  (self.length in LENGTHS, f"length must be one of {LENGTHS}"),
+                  (self.precision in PRECISIONS, f"precision must be one of {PRECISIONS}")]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
 
 
 @dataclass
@@ -181,70 +170,6 @@ def score(samples: list[Sample], gold: str, budget: int, args: RlArgs) -> None:
         s.correct = is_correct(s.text, gold)
         s.length = s.thinking_tokens + (s.answer_tokens if args.length == "total" else 0)
         s.reward = reward(s.correct, s.length, budget, args.margin)
-
-
-def prefix_cache(model, prefix: list[int]):
-    """The prefix (prompt + `<think>\\n`) encoded base-only, without gradient: exactly the inference cache."""
-    cache = new_cache(model.config, "bf16")
-    with torch.no_grad(), adapters.base(model):
-        model(input_ids=torch.tensor([prefix]), cache=cache, use_cache=True, logits_to_keep=1)
-    return cache
-
-
-def token_logprobs(model, cache, ids: list[int], temperature: float) -> torch.Tensor:
-    """(T−1,) log-probs of ids[1:] with the adapter on, continuing a copy of the prefix cache."""
-    logits = model(input_ids=torch.tensor([ids[:-1]]), cache=fork(cache, 1), use_cache=True).logits[0].float()
-    logits = logits / temperature
-    return logits.gather(-1, torch.tensor(ids[1:]).unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)
-
-
-@contextlib.contextmanager
-def swapped(params: list[torch.nn.Parameter], values: list[torch.Tensor]):
-    """Temporarily load `values` into `params` (the reference adapter), restoring them on exit."""
-    saved = [p.detach().clone() for p in params]
-    with torch.no_grad():
-        for p, v in zip(params, values, strict=True):
-            p.copy_(v)
-    try:
-        yield
-    finally:
-        with torch.no_grad():
-            for p, s in zip(params, saved, strict=True):
-                p.copy_(s)
-
-
-def policy_update(model, optim, prefix: list[int], samples: list[Sample], advantages: list[float],
-                  ref: list[torch.Tensor], args: RlArgs) -> dict:
-    """`args.updates` clipped-GRPO optimizer steps on one group, one row's forward/backward at a time."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    cache = prefix_cache(model, prefix)
-    rows = [(s, a) for s, a in zip(samples, advantages, strict=True) if len(s.ids) >= 2]
-    masks = [torch.tensor(s.sampled[1:], dtype=torch.float32) for s, _ in rows]
-    tokens = max(1.0, sum(float(m.sum()) for m in masks))
-    refs = [None] * len(rows)
-    if args.kl > 0:
-        with torch.no_grad(), swapped(params, ref):
-            refs = [token_logprobs(model, cache, s.ids, args.temperature) for s, _ in rows]
-    old: list[torch.Tensor | None] = [None] * len(rows)
-    stats = {"loss": 0.0, "kl": 0.0}
-    for k in range(args.updates):
-        total = kl_sum = 0.0
-        for i, (s, a) in enumerate(rows):
-            new = token_logprobs(model, cache, s.ids, args.temperature)
-            if old[i] is None:
-                old[i] = new.detach()  # the rollout weights: this is the first pass before any update
-            ref_i = refs[i] if refs[i] is not None else new.detach()
-            loss = grpo_loss(new[None], old[i][None], ref_i[None], torch.tensor([a]), masks[i][None], args.clip,
-                             args.kl, tokens=tokens)
-            loss.backward()
-            total += loss.item()
-            kl_sum += float((k3_kl(new.detach(), ref_i) * masks[i]).sum())
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optim.step()
-        optim.zero_grad(set_to_none=True)
-        if k == 0:
-            stats = {"loss": total, "kl": kl_sum / tokens}
-    return stats
 
 
 # --- setup and the loop ---------------------------------------------------------------------------------------
@@ -349,7 +274,9 @@ def run(args: RlArgs, rd: RunDir, *, store: ModelStore | None = None, resume: bo
         for group in optim.param_groups:
             group["lr"] = lr
         skipped = not any(adv)  # equal rewards: no signal, no update
-        stats = {"loss": 0.0, "kl": None} if skipped else policy_update(model, optim, prefix, samples, adv, ref, args)
+        stats = {"loss": 0.0, "kl": None} if skipped else policy_update(
+            model, optim, prefix, samples, adv, ref, clip=args.clip, kl=args.kl, temperature=args.temperature,
+            updates=args.updates)
         entry = step_entry(step, budget, samples, stats, lr, skipped, t0)
         log.append(entry)
         spent += entry["seconds"]

@@ -9,8 +9,8 @@ import torch
 
 from core import adapters
 from core.checkpoint import RunDir, load_checkpoint, save_checkpoint
-from core.rewards import barrier, group_advantages, grpo_loss, k3_kl, reward
-from core.rl import RlArgs, policy_update, prefix_cache, rollout, run, token_logprobs
+from core.rewards import barrier, group_advantages, grpo_loss, k3_kl, policy_update, prefix_cache, reward, token_logprobs
+from core.rl import RlArgs, rollout, run
 from core.tiny import make_reasoning_engine
 from tests.conftest import TINY_ID
 
@@ -100,7 +100,8 @@ def test_update_changes_only_the_lora_and_its_gradient_is_nonzero(engine, tmp_pa
     params = [named[n] for n in sorted(lora)]
     optim = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
     ref = [p.detach().clone() for p in model.parameters() if p.requires_grad]
-    stats = policy_update(model, optim, prefix, samples, [1.0, -1.0], ref, args)
+    stats = policy_update(model, optim, prefix, samples, [1.0, -1.0], ref, clip=args.clip, kl=args.kl,
+                          temperature=args.temperature)
     assert stats["kl"] == pytest.approx(0.0, abs=1e-6) and math.isfinite(stats["loss"])  # the ref is the start
     assert all(torch.equal(p, before[n]) for n, p in named.items() if n not in lora)  # base weights untouched
     assert any(not torch.equal(named[n], before[n]) for n in lora)
@@ -168,3 +169,21 @@ class StopAfterFirstStep(RunDir):
         super().emit(event, text)
         if event["event"] == "rl_progress" and event["step"] == 1:
             (self.path / "STOP").touch()
+
+
+def test_ponder_train_rl_cli_saves_into_the_adapter_library(tmp_path, tiny_store, start_adapter, capsys):
+    from app.cli import run_cli
+    from core.adapter_library import AdapterLibrary
+
+    data = tmp_path / "gsm.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in GSM))
+    common = ["train", "rl", "--data", str(data), "--adapter", str(start_adapter), "--group", "2", "--steps", "1",
+              "--answer-tokens", "4", "--model-id", TINY_ID, "--precision", "bf16", "--threads", "1", "--json-progress"]
+    assert run_cli(common + ["--budgets", "6", "--name", "tiny-rl"]) == 0
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [e["event"] for e in events] == ["loaded", "rl_progress", "checkpoint", "saved"]
+    card = AdapterLibrary().get(TINY_ID, "tiny-rl")
+    assert card.kind == "reasoning" and card.recipe["method"] == "budget-rl" and card.recipe["budgets"] == [6]
+    assert events[-1]["folder"] == str(card.folder) and "reward" in card.metrics
+    assert run_cli(common + ["--budgets", "six"]) == 2
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["event"] == "error"
