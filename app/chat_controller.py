@@ -2,7 +2,8 @@
 
 Saves the user's message, streams the reply into the store as it arrives (crash-safe, batched), keeps the
 live reply (thinking, answer, candidate streams) for the view, and records route, stats, candidates, vote
-and the settings used with every answer. Widgets call it; it never touches widgets.
+and the settings used with every answer. Each chat may have a skill adapter (by library name, kept in the
+store); it goes with every request of that chat as `ReplyOptions.skill`. Widgets call it; it never touches widgets.
 """
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ class ReplyOptions:
     repetition_penalty: float = 1.05
     answer_max_tokens: int = 256
     max_tokens: int = 1024
+    skill: str | None = None
+    """The chat's skill adapter (library name) that answers; None = the base model."""
 
     @classmethod
     def from_meta(cls, settings: dict | None) -> ReplyOptions:
@@ -97,6 +100,8 @@ class ChatController(QObject):
         self.service = service
         self.store = store
         self.current: str | None = None
+        self.adapter: str | None = None
+        """The open chat's skill adapter (a new chat: the one it is created with)."""
         self.live: LiveReply | None = None
         self._writer: ReplyWriter | None = None
         self._undo: dict | None = None
@@ -108,13 +113,27 @@ class ChatController(QObject):
     # --- conversations -------------------------------------------------------------------------------
     def new_chat(self) -> None:
         self.current = None
+        self.adapter = None
         self.conversationOpened.emit("")
         self.messagesChanged.emit()
 
     def open(self, cid: str) -> None:
         self.current = cid
+        self.adapter = self.store.adapter(cid)
         self.conversationOpened.emit(cid)
         self.messagesChanged.emit()
+
+    def set_adapter(self, name: str | None, remember: bool = True) -> None:
+        """Use skill adapter `name` (None: none) in the open chat; `remember`: stored with the chat."""
+        self.adapter = name or None
+        if remember and self.current is not None:
+            self.store.set_adapter(self.current, self.adapter)
+
+    def rename_adapter(self, old: str, new: str | None) -> None:
+        """A library adapter was renamed (`new`) or removed (None): the chats using it follow."""
+        self.store.rename_adapter(old, new)
+        if self.adapter == old:
+            self.adapter = new
 
     def conversations(self) -> list[dict]:
         """Every chat, most recently updated first: {'id', 'title', 'created', 'updated'}."""
@@ -187,6 +206,8 @@ class ChatController(QObject):
             return
         if self.current is None:
             self.current = self.store.new_conversation(text.splitlines()[0][:48])
+            if self.adapter is not None:
+                self.store.set_adapter(self.current, self.adapter)
             self.conversationsChanged.emit()
             self.conversationOpened.emit(self.current)
         cid = self.current
@@ -217,10 +238,12 @@ class ChatController(QObject):
                            replaces=tuple(m.id for m in msgs[idx:]))
 
     async def _answer(self, cid: str, messages: list[dict], options: ReplyOptions, replaces: tuple = ()) -> None:
+        skill = {"skill": options.skill} if options.skill else {}
+
         async def call(key: str):
             return await self.service.ask(messages, sampling_of(options), mode=options.mode, budget=options.budget,
                                           answer_max_tokens=options.answer_max_tokens, parallel=options.parallel,
-                                          trace_key=key)
+                                          trace_key=key, **skill)
 
         budget = options.budget if options.mode != "base" else None
         await self._run(cid, options, call, replaces=replaces, budget=budget)

@@ -4,7 +4,9 @@ All model work runs on the one thread of an `app.engine_worker.EngineWorker`, so
 and the engine is only ever called from one thread. The local OpenAI server shares that worker (`worker`), so
 the window's requests queue behind the server's and the other way round. Events cross back as immutable values
 through `loop.call_soon_threadsafe`. Cancelling sets the request's `threading.Event`, honoured within a decode
-step. `busy` is about the window's own request only.
+step. `busy` is about the window's own request only. Adapters: `library` is the user's adapter library (for
+the window's dialogs), `set_reasoning_adapter` swaps the reasoning adapter on the loaded model, and a request's
+`skill` option names the skill adapter that answers it.
 """
 from __future__ import annotations
 
@@ -33,6 +35,8 @@ class EngineService(QObject):
     failed = Signal(str)
     warned = Signal(str)
     """Something the user should know that did not stop loading (e.g. a damaged adapter was skipped)."""
+    adaptersChanged = Signal()
+    """The loaded model's reasoning adapter changed (so `can_reason` may have)."""
 
     def __init__(self, config: EngineConfig | None = None, engine=None, store=None, worker: EngineWorker | None = None):
         super().__init__()
@@ -42,6 +46,10 @@ class EngineService(QObject):
         if engine is not None:
             self.worker.engine = engine
         self._store = store
+        if store is not None and worker is None:
+            from core.adapter_library import AdapterLibrary
+
+            self.worker.library = AdapterLibrary(store=store)
         self._cancel: threading.Event | None = None
         self.busy = False
 
@@ -102,6 +110,35 @@ class EngineService(QObject):
     def can_reason(self) -> bool:
         return self._engine is not None and self._engine.can_reason
 
+    # --- adapters -------------------------------------------------------------------------------------
+    @property
+    def library(self):
+        """The adapter library (core.adapter_library.AdapterLibrary): list, import, export, rename, remove."""
+        return self.worker.library
+
+    def adapter_names(self) -> dict:
+        """{'reasoning': the reasoning adapter's name or None, 'skills': [skill adapters loaded]}."""
+        names = getattr(self._engine, "adapter_names", None)
+        if names is None:
+            return {"reasoning": getattr(self._engine, "adapter_name", None), "skills": []}
+        return names()
+
+    async def set_reasoning_adapter(self, name: str | None) -> bool:
+        """Reason with library adapter `name` from now on (None: the model's own, or none), without reloading
+        the model; it waits for the request in progress. False, with the reason through `failed`, when it
+        could not be used (the model keeps its previous reasoning adapter)."""
+        if self._engine is None:
+            return False
+        self._loop = asyncio.get_running_loop()
+        try:
+            await self._loop.run_in_executor(self._executor, self.worker.use_reasoning_adapter, name)
+        except Exception as err:  # AdapterError, a damaged adapter: shown, never fatal
+            self.failed.emit(str(err))
+            return False
+        finally:
+            self.adaptersChanged.emit()
+        return True
+
     @staticmethod
     def _generation(kind: str, args: tuple, options: dict, cancel: threading.Event) -> Generation:
         options = dict(options)
@@ -122,7 +159,8 @@ class EngineService(QObject):
         """Stream an answer to `messages`; emits tokenReceived per piece and answerFinished at the end.
 
         options: mode ('base'|'reason'|'auto'), budget, answer_max_tokens, parallel (1-8), trace_key (the
-        reply's message id: a reasoning answer's trace is kept under it for `think_longer`)."""
+        reply's message id: a reasoning answer's trace is kept under it for `think_longer`), skill (a library
+        skill adapter's name: it answers, loaded on first use)."""
         if options.get("mode", "base") != "base" and not self.can_reason:
             options["mode"] = "base"
         return await self._submit("ask", (messages, sampling or SamplingConfig()), options)
@@ -162,14 +200,15 @@ class EngineService(QObject):
         self.answerFinished.emit(answer)
         return answer
 
-    async def switch_model(self, model_id: str) -> bool:
-        """Unload the current model and load `model_id` (quantizing it once if needed); True when ready."""
+    async def switch_model(self, model_id: str, reasoning_adapter: str | None = None) -> bool:
+        """Unload the current model and load `model_id` (quantizing it once if needed) with library adapter
+        `reasoning_adapter` reasoning (None: its own); True when ready."""
         if self.busy:
             self.failed.emit("Stop the current answer before switching models.")
             return False
         self._loop = asyncio.get_running_loop()
         await self._loop.run_in_executor(self._executor, self._unload)
-        self.config = replace(self.config, model_id=model_id)
+        self.config = replace(self.config, model_id=model_id, reasoning_adapter=reasoning_adapter)
         return await self.start()
 
     async def set_threads(self, threads: int | None) -> int:

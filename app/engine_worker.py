@@ -4,7 +4,9 @@ Every caller of the model goes through here: the window (through `EngineService`
 (`app.server`). Jobs run one at a time in the order they were submitted, so a long answer for one client makes
 the next request wait instead of failing. A generation is a `Generation` value; its events are handed to a
 callback on the worker thread (the caller moves them to its own thread), and setting its `cancel` Event stops
-it within one decode step, or before it starts when it is still queued. No Qt, no asyncio loop of its own.
+it within one decode step, or before it starts when it is still queued. Adapters from the adapter library are
+loaded here too, on the engine thread and without reloading the model: a request's skill adapter (its `skill`
+option) before the request runs, the reasoning adapter when the user picks one. No Qt, no asyncio loop of its own.
 """
 from __future__ import annotations
 
@@ -78,6 +80,20 @@ class EngineWorker:
         self._lock = threading.Lock()
         self._queued = 0
         self._running = False
+        self._library = None
+
+    @property
+    def library(self):
+        """The core.adapter_library.AdapterLibrary adapters are looked up in (the user's, by default)."""
+        if self._library is None:
+            from core.adapter_library import AdapterLibrary
+
+            self._library = AdapterLibrary()
+        return self._library
+
+    @library.setter
+    def library(self, library) -> None:
+        self._library = library
 
     # --- plain jobs -----------------------------------------------------------------------------------
     def submit(self, fn: Callable, /, *args, **kwargs) -> Future:
@@ -111,11 +127,31 @@ class EngineWorker:
         with self._lock:
             self._queued -= 1
 
-    def _events(self, gen: Generation):
-        engine = self.engine
-        if engine is None:
+    # --- adapters (engine thread only) --------------------------------------------------------------------
+    def _ready(self):
+        if self.engine is None:
             raise EngineNotReady("The model is not loaded yet.")
+        return self.engine
+
+    def use_reasoning_adapter(self, name: str | None) -> str | None:
+        """Make library adapter `name` the model's reasoning adapter; None: the model's own (its component
+        folder, else the shipped one), or none when it has neither. Returns the name now reasoning.
+        Raises AdapterError (unknown name, another model's adapter); the model is not reloaded."""
+        engine = self._ready()
+        if name is not None:
+            card = self.library.get(engine.model_id, name)
+        else:
+            card = next((c for c in self.library.list(engine.model_id, kind="reasoning") if c.builtin), None)
+        engine.use_reasoning_adapter(card)
+        return engine.adapter_names().get("reasoning")
+
+    def _events(self, gen: Generation):
+        engine = self._ready()
         options = dict(gen.options)
+        if options.get("skill"):  # looked up on every request: the engine loads each set of files once
+            options["skill"] = engine.load_skill(self.library.get(engine.model_id, options["skill"]))
+        else:
+            options.pop("skill", None)
         if gen.kind == "think_longer":
             return engine.think_longer(gen.messages, gen.thinking, cancel=gen.cancel, **options)
         if gen.kind == "parallel":
