@@ -1,5 +1,7 @@
 """The main window: sidebar | transcript + composer, status bar with model state and undo. Layout and wiring
-only; behaviour lives in app.chat_controller and app.engine_service, injected by the constructor."""
+only; behaviour lives in app.chat_controller and app.engine_service, injected by the constructor. Adapters: the
+chat's skill adapter (composer), each model's reasoning adapter (settings, applied on load without a reload),
+the Adapters dialog and the training wizard."""
 from __future__ import annotations
 
 import asyncio
@@ -13,6 +15,7 @@ from PySide6.QtWidgets import QLabel, QMainWindow, QProgressBar, QPushButton, QS
 
 from app.settings import AppSettings
 
+from .adapters_dialog import NO_REASONING, AdapterActions
 from .chat_view import ChatView, details_text
 from .composer import Composer
 from .dialogs import ConfirmDialog, EditDialog, ExportDialog, RenameDialog, show_info
@@ -28,10 +31,11 @@ Ctrl+N  new chat
 Ctrl+F  search all chats
 Ctrl+,  settings
 Ctrl+M  models
+Ctrl+Shift+A  adapters
 Ctrl+Q  quit"""
 
 
-class MainWindow(QMainWindow):
+class MainWindow(QMainWindow, AdapterActions):
     def __init__(self, service, controller, model_service=None, parent=None):
         super().__init__(parent)
         self.service, self.controller, self.model_service = service, controller, model_service
@@ -84,6 +88,9 @@ class MainWindow(QMainWindow):
         c.messagesChanged.connect(self.render)
         c.liveUpdated.connect(self.schedule_render)
         c.notice.connect(lambda text: show_info(self, "Ponder", text))
+        c.conversationOpened.connect(self.refresh_adapters)
+        s.adaptersChanged.connect(self.on_adapters_changed)
+        self.composer.adapterChosen.connect(self.choose_skill)
         self.sidebar.newRequested.connect(self.new_chat)
         self.sidebar.selected.connect(c.open)
         self.sidebar.searchChanged.connect(self.on_search)
@@ -115,6 +122,8 @@ class MainWindow(QMainWindow):
         add(chat, "Quit", self.close, "Ctrl+Q")
         tools = bar.addMenu("&Tools")
         self.models_action = add(tools, "Models…", self.open_models, "Ctrl+M")
+        add(tools, "Adapters…", self.open_adapters, "Ctrl+Shift+A")
+        add(tools, "Train an adapter…", self.open_train_wizard)
         add(tools, "Settings…", self.open_settings, "Ctrl+,")
         help_menu = bar.addMenu("&Help")
         add(help_menu, "Keyboard shortcuts", lambda: show_info(self, "Keyboard shortcuts", SHORTCUTS))
@@ -129,13 +138,17 @@ class MainWindow(QMainWindow):
     def apply_composer_defaults(self) -> None:
         s = self.settings
         self.composer.apply(s.mode, s.budget, s.parallel)
-        self.composer.set_reasoning_available(self.service.ready and self.service.can_reason)
+        self.update_reasoning_available()
+
+    def update_reasoning_available(self) -> None:
+        ready = self.service.ready
+        self.composer.set_reasoning_available(ready and self.service.can_reason, NO_REASONING if ready else "")
 
     # --- settings and models --------------------------------------------------------------------------
     def open_settings(self) -> None:
         chosen = SettingsDialog.ask(self, self.settings, self.controller.data_dir)
-        if chosen is not None:
-            self.apply_settings(chosen)
+        if chosen is not None:  # the dialog does not show the reasoning adapters: they are kept
+            self.apply_settings(replace(chosen, reasoning_adapters=self.settings.reasoning_adapters))
 
     def apply_settings(self, new: AppSettings) -> None:
         old, self.settings = self.settings, new
@@ -181,7 +194,7 @@ class MainWindow(QMainWindow):
 
     def switch_model(self, model_id: str) -> None:
         async def run():
-            if await self.service.switch_model(model_id):
+            if await self.service.switch_model(model_id, self.settings.reasoning_adapters.get(model_id)):
                 self.settings = replace(self.settings, model_id=model_id)
                 self.controller.save_settings(self.settings)
             if self.model_service is not None:
@@ -204,7 +217,8 @@ class MainWindow(QMainWindow):
         return ReplyOptions(mode=o["mode"], budget=o["budget"], parallel=o["parallel"],
                             temperature=s.parallel_temperature if o["parallel"] > 1 else s.temperature, top_p=s.top_p,
                             top_k=s.top_k, repetition_penalty=s.repetition_penalty,
-                            answer_max_tokens=s.answer_max_tokens, max_tokens=s.answer_max_tokens)
+                            answer_max_tokens=s.answer_max_tokens, max_tokens=s.answer_max_tokens,
+                            skill=self.controller.adapter)
 
     # --- state ---------------------------------------------------------------------------------------
     def on_send(self, text: str) -> None:
@@ -227,6 +241,10 @@ class MainWindow(QMainWindow):
             self.progress_bar.setVisible(False)
         if state == "ready":
             self.apply_composer_defaults()
+            self.refresh_adapters()
+            self.apply_reasoning_adapter()
+            if not self.service.can_reason:
+                self.status.setText(f"{self.status.text()} — {NO_REASONING}")
         self.on_busy(self.service.busy)
         question, self._pending_question = self._pending_question, None
         if question and state == "ready":

@@ -1,0 +1,412 @@
+"""Adapters in the window: the Adapters dialog (Tools ▸ Adapters…) and `AdapterActions`, the main window's part.
+
+The dialog lists the current model's adapters from the adapter library, with import, export, rename, delete,
+"use for reasoning", "use in this chat" and "train new". It works on the library object the window hands it
+(app's `EngineService.library`) and says what it did, or why it could not, in a line under the list; a failed
+operation changes nothing. Choosing an adapter is only signalled. `AdapterActions` (mixed into MainWindow)
+applies the choices: the chat's skill adapter (composer and chat store), each model's reasoning adapter
+(settings, applied on load and on change without reloading the model), and opens the training wizard.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QKeySequence, QShortcut
+from PySide6.QtWidgets import (
+    QDialog,
+    QFileDialog,
+    QHBoxLayout,
+    QInputDialog,
+    QLabel,
+    QListWidget,
+    QListWidgetItem,
+    QPushButton,
+    QVBoxLayout,
+)
+
+from app.settings import AppSettings, with_reasoning_adapter
+
+from .dialogs import ConfirmDialog
+
+KIND_LABELS = {"reasoning": "Reasoning", "skill": "Skill"}
+NO_REASONING = ("This model has no reasoning adapter — train one (Tools ▸ Train an adapter…) or import one "
+                "(Tools ▸ Adapters…).")
+METRICS_SHOWN = 3
+FAILED = object()
+
+
+class ImportPathDialog:
+    @classmethod
+    def ask(cls, parent) -> str | None:
+        """A .zip, or an adapter folder (picked by its adapter_config.json)."""
+        path, _ = QFileDialog.getOpenFileName(parent, "Import an adapter (a .zip, or a folder's adapter_config.json)",
+                                              "", "Adapters (*.zip adapter_config.json)")
+        if not path:
+            return None
+        return str(Path(path).parent) if Path(path).name == "adapter_config.json" else path
+
+
+class ExportPathDialog:
+    @classmethod
+    def ask(cls, parent, name: str) -> str | None:
+        path, _ = QFileDialog.getSaveFileName(parent, "Export the adapter", f"{name}.zip", "Zip archives (*.zip)")
+        return path or None
+
+
+class AdapterNameDialog:
+    @classmethod
+    def ask(cls, parent, current: str) -> str | None:
+        text, ok = QInputDialog.getText(parent, "Rename adapter", "New name (lower-case letters, digits, . - _):",
+                                        text=current)
+        return text.strip() if ok and text.strip() else None
+
+
+def metrics_text(metrics: dict) -> str:
+    """A few of the card's numbers ("accuracy 0.62 · mean_tokens 118"); an evaluation's "after" when it has one."""
+    if isinstance(metrics.get("after"), dict):
+        metrics = metrics["after"]
+    shown = []
+    for key, value in metrics.items():
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        shown.append(f"{key.replace('_', ' ')} {value:.3g}")
+        if len(shown) == METRICS_SHOWN:
+            break
+    return " · ".join(shown)
+
+
+class AdaptersDialog(QDialog):
+    trainRequested = Signal()
+    reasoningChosen = Signal(str)
+    """Make this adapter the model's reasoning adapter."""
+    skillChosen = Signal(object)
+    """Use this skill adapter (or None) in the open chat."""
+    renamed = Signal(str, str)
+    """(old name, new name) of an adapter of the current model."""
+    removed = Signal(str)
+    libraryChanged = Signal()
+
+    def __init__(self, library, model_id: str, parent=None):
+        super().__init__(parent)
+        self.library, self.model_id = library, model_id
+        self.reasoning: str | None = None
+        self.skill: str | None = None
+        self.setWindowTitle("Adapters")
+        self.resize(640, 460)
+        self.header = QLabel(wordWrap=True)
+        self.list = QListWidget()
+        self.list.setAlternatingRowColors(True)
+        self.list.setWordWrap(True)
+        self.message = QLabel(wordWrap=True)
+        self.message.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.import_button = QPushButton("Import…")
+        self.export_button = QPushButton("Export…")
+        self.rename_button = QPushButton("Rename…")
+        self.delete_button = QPushButton("Delete")
+        self.reason_button = QPushButton("Use for reasoning")
+        self.chat_button = QPushButton("Use in this chat")
+        self.train_button = QPushButton("Train new…")
+        close = QPushButton("Close")
+        top = QHBoxLayout()
+        for b in (self.import_button, self.export_button, self.rename_button, self.delete_button):
+            top.addWidget(b)
+        top.addStretch(1)
+        top.addWidget(self.train_button)
+        bottom = QHBoxLayout()
+        bottom.addWidget(self.reason_button)
+        bottom.addWidget(self.chat_button)
+        bottom.addStretch(1)
+        bottom.addWidget(close)
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.header)
+        layout.addLayout(top)
+        layout.addWidget(self.list, 1)
+        layout.addWidget(self.message)
+        layout.addLayout(bottom)
+        self.import_button.clicked.connect(self.import_adapter)
+        self.export_button.clicked.connect(self.export_adapter)
+        self.rename_button.clicked.connect(self.rename_adapter)
+        self.delete_button.clicked.connect(self.delete_adapter)
+        self.reason_button.clicked.connect(self.use_for_reasoning)
+        self.chat_button.clicked.connect(self.use_in_chat)
+        self.train_button.clicked.connect(self.trainRequested)
+        close.clicked.connect(self.close)
+        self.list.currentItemChanged.connect(lambda *_: self._update_buttons())
+        QShortcut(QKeySequence(QKeySequence.StandardKey.Delete), self.list, activated=self.delete_adapter)
+
+    # --- showing -------------------------------------------------------------------------------------
+    def show_state(self, model_id: str, reasoning: str | None, skill: str | None) -> None:
+        """The model whose adapters are listed, its reasoning adapter and the open chat's skill adapter."""
+        self.model_id, self.reasoning, self.skill = model_id, reasoning, skill
+        self.refresh()
+
+    def cards(self) -> list:
+        try:
+            return self.library.list(self.model_id)
+        except Exception as err:  # an unreadable library folder: say so, list nothing
+            self.say(f"The adapter library could not be read: {err}")
+            return []
+
+    def refresh(self, select: str | None = None) -> None:
+        select = select or self.selected_name()
+        reasoning = self.reasoning or "none — Reason and Auto are off for this model"
+        self.header.setText(f"<b>Adapters for {self.model_id}</b><br>Reasoning adapter: {reasoning}"
+                            f"<br>This chat's adapter: {self.skill or 'none'}")
+        self.list.clear()
+        for card in self.cards():
+            item = QListWidgetItem(self._item_text(card))
+            item.setData(Qt.ItemDataRole.UserRole, card)
+            item.setToolTip(str(card.folder))
+            self.list.addItem(item)
+            if card.name == select:
+                self.list.setCurrentItem(item)
+        if self.list.count() == 0:
+            item = QListWidgetItem("No adapters for this model yet. Train one (Train new…) or import one (Import…).")
+            item.setFlags(Qt.ItemFlag.NoItemFlags)
+            self.list.addItem(item)
+        self._update_buttons()
+
+    def _item_text(self, card) -> str:
+        marks = [KIND_LABELS.get(card.kind, card.kind)]
+        if card.builtin:
+            marks.append("built-in")
+        if card.kind == "reasoning" and card.name == self.reasoning:
+            marks.append("reasons for this model")
+        if card.kind == "skill" and card.name == self.skill:
+            marks.append("used in this chat")
+        details = [f"for {card.base_model}", f"created {card.created.replace('T', ' ')[:16]}" if card.created else ""]
+        details.append(metrics_text(card.metrics))
+        return f"{card.name}   ({', '.join(marks)})\n{' · '.join(d for d in details if d)}"
+
+    def selected(self):
+        item = self.list.currentItem()
+        return item.data(Qt.ItemDataRole.UserRole) if item is not None else None
+
+    def selected_name(self) -> str | None:
+        card = self.selected()
+        return card.name if card is not None else None
+
+    def select(self, name: str) -> None:
+        for i in range(self.list.count()):
+            card = self.list.item(i).data(Qt.ItemDataRole.UserRole)
+            if card is not None and card.name == name:
+                self.list.setCurrentRow(i)
+                return
+
+    def _update_buttons(self) -> None:
+        card = self.selected()
+        own = card is not None and not card.builtin
+        self.export_button.setEnabled(card is not None)
+        self.rename_button.setEnabled(own)
+        self.delete_button.setEnabled(own)
+        self.delete_button.setToolTip("Built-in adapters cannot be deleted." if card is not None and not own else "")
+        self.reason_button.setEnabled(card is not None and card.kind == "reasoning" and card.name != self.reasoning)
+        self.chat_button.setEnabled(card is not None and card.kind == "skill")
+        self.chat_button.setText("Stop using in this chat" if card is not None and card.kind == "skill"
+                                 and card.name == self.skill else "Use in this chat")
+
+    def say(self, text: str) -> None:
+        self.message.setText(text)
+
+    def _do(self, what: str, fn, *args):
+        """Run a library operation; on failure say why (the library changes nothing then) and return FAILED."""
+        try:
+            return fn(*args)
+        except Exception as err:  # AdapterError, a bad name, a full disk: one line for the user
+            self.say(f"Could not {what}: {err}")
+            return FAILED
+
+    # --- actions -------------------------------------------------------------------------------------
+    def import_adapter(self, path: str | None = None) -> None:
+        path = path or ImportPathDialog.ask(self)
+        if not path:
+            return
+        card = self._do("import the adapter", self.library.import_path, Path(path), self.model_id)
+        if card is not FAILED:
+            self.say(f"Imported “{card.name}” ({KIND_LABELS.get(card.kind, card.kind).lower()} adapter).")
+            self.refresh(select=card.name)
+            self.libraryChanged.emit()
+
+    def export_adapter(self) -> None:
+        card = self.selected()
+        if card is None:
+            return
+        dest = ExportPathDialog.ask(self, card.name)
+        if not dest:
+            return
+        out = self._do("export the adapter", self.library.export, self.model_id, card.name, Path(dest))
+        if out is not FAILED:
+            self.say(f"Exported “{card.name}” to {out}.")
+
+    def rename_adapter(self) -> None:
+        card = self.selected()
+        if card is None:
+            return
+        if card.builtin:
+            self.say(f"“{card.name}” is built in: it cannot be renamed (export it to get a copy).")
+            return
+        new = AdapterNameDialog.ask(self, card.name)
+        if not new or new == card.name:
+            return
+        renamed = self._do("rename the adapter", self.library.rename, self.model_id, card.name, new)
+        if renamed is not FAILED:
+            self.say(f"Renamed “{card.name}” to “{renamed.name}”.")
+            self.renamed.emit(card.name, renamed.name)
+            self.refresh(select=renamed.name)
+            self.libraryChanged.emit()
+
+    def delete_adapter(self) -> None:
+        card = self.selected()
+        if card is None:
+            return
+        if card.builtin:
+            self.say(f"“{card.name}” is built in: it cannot be deleted.")
+            return
+        if not ConfirmDialog.ask(self, "Delete adapter", f"Delete the adapter “{card.name}” for {self.model_id}? "
+                                 "Chats that use it will answer without it. This cannot be undone."):
+            return
+        if self._do("delete the adapter", self.library.remove, self.model_id, card.name) is FAILED:
+            return
+        self.say(f"Deleted “{card.name}”.")
+        self.removed.emit(card.name)
+        self.refresh()
+        self.libraryChanged.emit()
+
+    def use_for_reasoning(self) -> None:
+        card = self.selected()
+        if card is not None and card.kind == "reasoning":
+            self.reasoningChosen.emit(card.name)
+
+    def use_in_chat(self) -> None:
+        card = self.selected()
+        if card is not None and card.kind == "skill":
+            self.skillChosen.emit(None if card.name == self.skill else card.name)
+
+
+class AdapterActions:
+    """The main window's adapter features; needs its service, controller, settings, composer, status, spawn."""
+
+    adapters_dialog: AdaptersDialog | None = None
+    train_wizard = None
+
+    def skill_names(self) -> list[str] | None:
+        """The loaded model's skill adapters in the library (None while no model is ready)."""
+        if not self.service.ready:
+            return None
+        try:
+            return [c.name for c in self.service.library.list(self.service.model_name, kind="skill")]
+        except Exception as err:  # an unreadable library: the chat answers without an adapter
+            self.status.setText(f"The adapter library could not be read: {err}")
+            return []
+
+    def refresh_adapters(self, *_args) -> None:
+        """The composer's adapter choice for the open chat; a chat whose adapter is gone answers without it."""
+        names, name = self.skill_names(), self.controller.adapter
+        if names is not None and name and name not in names:
+            self.controller.set_adapter(None, remember=False)  # kept with the chat: back if the adapter is
+            self.status.setText(f"This chat's adapter “{name}” is not in the library for "  # re-imported
+                                f"{self.service.model_name}; the chat answers without it.")
+            name = None
+        self.composer.set_adapters(names or [], name)
+        if self.adapters_dialog is not None:
+            self.adapters_dialog.show_state(self.service.model_name, self.service.adapter_names().get("reasoning"),
+                                            self.controller.adapter)
+
+    def choose_skill(self, name: str | None) -> None:
+        self.controller.set_adapter(name)
+        self.refresh_adapters()
+        self.status.setText(f"This chat answers with the adapter “{name}”." if name
+                            else "This chat answers without a skill adapter.")
+
+    def choose_reasoning(self, name: str | None) -> None:
+        """Make library adapter `name` the loaded model's reasoning adapter (None: its own), remembered."""
+        model = self.service.model_name
+
+        async def run():
+            if await self.service.set_reasoning_adapter(name):
+                self._save_settings(with_reasoning_adapter(self.settings, model, name))
+                now = self.service.adapter_names().get("reasoning")
+                self.status.setText(f"{model} now reasons with “{now}” (no reload needed)." if now
+                                    else f"{model} has no reasoning adapter now. {NO_REASONING}")
+
+        self.spawn(run())
+
+    def apply_reasoning_adapter(self) -> None:
+        """On load: the reasoning adapter chosen for this model, when it is not the one loaded (no reload)."""
+        model = self.service.model_name
+        name = self.settings.reasoning_adapters.get(model)
+        if name is None or self.service.adapter_names().get("reasoning") == name:
+            return
+
+        async def run():
+            if await self.service.set_reasoning_adapter(name):
+                self.status.setText(f"Ready — {model}, reasoning with “{name}”")
+            else:  # gone or broken: forgotten, and the status bar says why
+                self._save_settings(with_reasoning_adapter(self.settings, model, None))
+                self.status.setText(f"{self.status.text()} — {model} reasons with its own adapter instead.")
+
+        self.spawn(run())
+
+    def _save_settings(self, settings: AppSettings) -> None:
+        self.settings = settings
+        self.controller.save_settings(settings)
+
+    def on_adapters_changed(self) -> None:
+        self.update_reasoning_available()
+        self.refresh_adapters()
+        self.render()
+
+    def on_adapter_renamed(self, old: str, new: str) -> None:
+        model = self.service.model_name
+        self.controller.rename_adapter(old, new)
+        if self.settings.reasoning_adapters.get(model) == old or self.service.adapter_names().get("reasoning") == old:
+            self.choose_reasoning(new)
+        self.refresh_adapters()
+
+    def on_adapter_removed(self, name: str) -> None:
+        model = self.service.model_name
+        self.controller.rename_adapter(name, None)
+        if self.settings.reasoning_adapters.get(model) == name or self.service.adapter_names().get("reasoning") == name:
+            self.choose_reasoning(None)
+        self.refresh_adapters()
+
+    def use_adapter(self, card) -> None:
+        """The wizard's "use it": a skill answers in this chat, a reasoning adapter reasons for its model."""
+        if card.base_model != self.service.model_name:
+            if card.kind == "reasoning":
+                self._save_settings(with_reasoning_adapter(self.settings, card.base_model, card.name))
+            self.status.setText(f"“{card.name}” is for {card.base_model}: switch to that model (Tools ▸ Models) "
+                                "to use it.")
+        elif card.kind == "reasoning":
+            self.choose_reasoning(card.name)
+        else:
+            self.choose_skill(card.name)
+
+    def open_adapters(self) -> None:
+        if self.adapters_dialog is None:
+            d = self.adapters_dialog = AdaptersDialog(self.service.library, self.service.model_name, self)
+            d.trainRequested.connect(self.open_train_wizard)
+            d.reasoningChosen.connect(self.choose_reasoning)
+            d.skillChosen.connect(self.choose_skill)
+            d.renamed.connect(self.on_adapter_renamed)
+            d.removed.connect(self.on_adapter_removed)
+            d.libraryChanged.connect(self.refresh_adapters)
+        self.refresh_adapters()
+        self.adapters_dialog.show()
+        self.adapters_dialog.raise_()
+
+    def open_train_wizard(self) -> None:
+        try:
+            from .train_wizard import TrainWizard
+        except ImportError as err:
+            self.status.setText(f"The training wizard is not available in this build ({err}).")
+            return
+        if self.model_service is None:
+            from app.model_service import ModelService
+
+            self.model_service = ModelService(active_id=self.service.model_name)
+        ids = [r.id for r in self.model_service.rows() if r.installed] or [self.service.model_name]
+        self.train_wizard = TrainWizard(self, model_ids=ids, current_model=self.service.model_name,
+                                        library=self.service.library, on_use=self.use_adapter)
+        self.train_wizard.show()
