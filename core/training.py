@@ -1,4 +1,6 @@
-"""Reasoning-adapter SFT recipe: setup → fit → save. Also runs headless: `python -m core.training --help`.
+"""Adapter SFT (reasoning or skill): setup → fit → evaluate → save, and the `ponder train sft` run around it
+(presets, run folder with resumable checkpoints, STOP file / signals, JSON progress events, the library).
+Also runs headless: `python -m core.training --help`.
 
 Masked LoRA, two-pass form: each example's prompt is encoded by the base model with the adapter disabled
 and no gradient (its KV cache is then exactly what inference will reuse); the response runs with the

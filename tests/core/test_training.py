@@ -181,3 +181,28 @@ def test_stop_file_checkpoint_then_resume_matches_an_uninterrupted_run(tiny_stor
     assert [e["step"] for e in tail if e["event"] == "progress"] == [3, 4] and tail[-1]["event"] == "saved"
     a, b = load_file(str(whole.checkpoint / "adapter.safetensors")), load_file(str(paused.checkpoint / "adapter.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_cli_refuses_bad_data_with_an_error_event_naming_the_lines(tiny_store, tmp_path, capsys):
+    from core.training import main
+
+    data = tmp_path / "bad.jsonl"
+    data.write_text('{"prompt": "a", "response": "b"}\n{"prompt": "a"\n{"prompt": "c", "response": ""}\n')
+    rc = main(["--data", str(data), "--name", "x", "--model-id", "tiny-qwen2", "--precision", "bf16",
+               "--run-dir", str(tmp_path / "run"), "--json-progress"], store=tiny_store)
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert rc == 2 and events[-1]["event"] == "error"
+    assert "2 problem(s)" in events[-1]["message"] and "line 2" in events[-1]["message"] and "line 3" in events[-1]["message"]
+    with pytest.raises(ValueError, match="--name NAME"):
+        main(["--data", str(data), "--run-dir", str(tmp_path / "run")], store=tiny_store)
+
+
+def test_cli_presets_fill_in_what_flags_leave_out(tmp_path):
+    from core.training import PRESETS, args_from_cli, build_parser
+
+    a = build_parser().parse_args(["--data", "f.jsonl", "--name", "sql", "--preset", "quick", "--steps", "5"])
+    args = args_from_cli(a)
+    assert args.steps == 5 and args.rank == PRESETS["quick"]["rank"] and args.max_tokens == 256
+    assert args.kind == "skill" and set(PRESETS) == {"quick", "balanced", "thorough"}
+    legacy = args_from_cli(build_parser().parse_args(["--data", "f.jsonl", "--out", "o"]))
+    assert legacy.kind == "reasoning" and legacy.steps == SftArgs(data=("x",)).steps
