@@ -1,0 +1,222 @@
+"""The training wizard end to end on the tiny model, with real `ponder train sft` subprocesses: data problems
+listed with their lines (Next disabled), a clean file passes, the time estimate, training with a live loss plot,
+cancel then resume, the adapter in the library and handed to on_use; a killed process leaves the library as it
+was and its checkpoint is offered for resuming, also when the wizard is opened again."""
+import json
+
+import pytest
+from PySide6.QtWidgets import QWizard
+
+from core.adapter_library import AdapterLibrary, validate_adapter_name
+from core.loading import load_tokenizer
+from core.model_store import ModelStore
+from core.train_data import token_histogram, validate_file
+from tests.conftest import TINY_ID
+from ui.dialogs import ConfirmDialog
+from ui.train_wizard import TrainWizard
+
+TIMEOUT = 120_000  # ms; 2 shared cores, each subprocess imports torch and loads the tiny model
+
+
+def check_data(path, model_id, kind, max_tokens, csv_columns):
+    """What the app's data check does: the installed model's tokenizer, every line validated, the histogram."""
+    report = validate_file(path, load_tokenizer(ModelStore().get(model_id).hf_dir), kind=kind, max_tokens=max_tokens,
+                           csv_columns=csv_columns)
+    return report, token_histogram(report.token_lengths)
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def good_rows(n=12):
+    return [{"prompt": f"Greet visitor number {i}", "response": f"Hello, visitor {i}! Welcome."} for i in range(n)]
+
+
+@pytest.fixture
+def confirm(monkeypatch):
+    answers = {"value": True, "asked": []}
+
+    def ask(cls, parent, title, text):
+        answers["asked"].append(title)
+        return answers["value"]
+
+    monkeypatch.setattr(ConfirmDialog, "ask", classmethod(ask))
+    return answers
+
+
+@pytest.fixture
+def make_wizard(qtbot, tiny_store, tmp_path, confirm):
+    used = []
+
+    def make(**kwargs):
+        w = TrainWizard(None, model_ids=[TINY_ID], current_model=TINY_ID, library=AdapterLibrary(),
+                        on_use=used.append, runs_dir=tmp_path / "runs", check_data=check_data,
+                        validate_name=validate_adapter_name, **kwargs)
+        w.used = used
+        qtbot.addWidget(w)
+        w.show()
+        return w
+
+    yield make
+    from ui.wizard_run import LIVE_RUNNERS
+    for runner in list(LIVE_RUNNERS):  # nothing outlives a test
+        runner.kill()
+
+
+def next_enabled(w) -> bool:
+    button = QWizard.WizardButton.CommitButton if w.currentPage().isCommitPage() else QWizard.WizardButton.NextButton
+    return w.button(button).isEnabled() and w.button(button).isVisible()
+
+
+def check_file(qtbot, w, path, kind="skill"):
+    page = w.data_page
+    page.path_edit.setText(str(path))
+    page.kind.setCurrentIndex(page.kind.findData(kind))
+    before = page._check_id
+    page.check_button.click()
+    qtbot.waitUntil(lambda: page._check_id > before and page.check_button.isEnabled(), timeout=TIMEOUT)
+    return page
+
+
+def to_train(qtbot, w, path, name, steps, estimate=False):
+    check_file(qtbot, w, path)
+    assert next_enabled(w)
+    w.next()
+    recipe = w.recipe_page
+    assert w.currentPage() is recipe
+    recipe.name.setText(name)
+    recipe.steps.setValue(steps)
+    if estimate:
+        recipe.estimate_button.click()
+        assert not next_enabled(w)  # no training while the estimate runs
+        qtbot.waitUntil(lambda: recipe.estimate_button.isEnabled(), timeout=TIMEOUT)
+        assert "s per step" in recipe.estimate_label.text(), recipe.estimate_label.text()
+        assert f"× {steps} steps" in recipe.estimate_label.text()
+    assert next_enabled(w), recipe.name_error.text()
+    w.next()
+    assert w.currentPage() is w.train_page
+    return w.train_page.panel
+
+
+def test_data_problems_are_listed_with_their_lines_and_block_next(qtbot, make_wizard, tmp_path):
+    w = make_wizard()
+    bad = write_jsonl(tmp_path / "bad.jsonl", [good_rows()[0], "{not json", {"prompt": "only a prompt"},
+                                               good_rows()[0], {"prompt": "  ", "response": "x"}, good_rows()[1]])
+    page = check_file(qtbot, w, bad)
+    problems = [page.problems.item(i).text() for i in range(page.problems.count())]
+    assert [p.split(":")[0] for p in problems] == ["line 2", "line 3", "line 4", "line 5"], problems
+    assert "problem" in page.status.text()
+    assert not next_enabled(w)
+
+    good = write_jsonl(tmp_path / "good.jsonl", good_rows())
+    check_file(qtbot, w, good)
+    assert page.problems.count() == 0 and page.status.text().startswith("OK: 12 records")
+    assert page.preview.rowCount() == 5 and page.preview.item(0, 2).text() == "Hello, visitor 0! Welcome."
+    assert sum(n for *_, n in page.histogram.bins()) == 12
+    assert next_enabled(w)
+    page.kind.setCurrentIndex(page.kind.findData("reasoning"))  # a different check is needed for another kind
+    assert not next_enabled(w)
+
+    csv_file = tmp_path / "pairs.csv"
+    csv_file.write_text("id,question,reply\n1,What is up?,Not much.\n2,Hi?,Hello.\n")
+    page.path_edit.setText(str(csv_file))
+    assert page.csv_box.isVisibleTo(w) and page.response_col.currentText() == "reply"
+    page.prompt_col.setCurrentText("question")
+    check_file(qtbot, w, csv_file)
+    assert page.status.text().startswith("OK: 2 records"), page.status.text()
+    assert w.state.sft_args()[-2:] == ["--columns", "question,reply"]
+
+
+def test_recipe_names_and_presets(qtbot, make_wizard, tmp_path):
+    w = make_wizard()
+    check_file(qtbot, w, write_jsonl(tmp_path / "good.jsonl", good_rows()))
+    w.next()
+    recipe = w.recipe_page
+    assert not next_enabled(w) and "name" in recipe.name_error.text()
+    recipe.name.setText("Not A Name!")
+    assert not next_enabled(w) and "adapter name" in recipe.name_error.text()
+    recipe.name.setText("greeter")
+    assert next_enabled(w) and recipe.name_error.text() == ""
+    thorough = next(b for b in recipe.presets.buttons() if b.property("preset") == "thorough")
+    thorough.click()
+    assert recipe.steps.value() == 150 and recipe.max_tokens.value() == 1024
+    recipe.rank.setValue(4)
+    args = w.state.sft_args()
+    assert args[args.index("--preset") + 1] == "thorough" and args[args.index("--rank") + 1] == "4"
+    assert args[args.index("--run-dir") + 1] == str(tmp_path / "runs" / "greeter")
+
+
+def test_train_cancel_resume_save_and_use(qtbot, make_wizard, tmp_path, confirm):
+    w = make_wizard(extra_args=["--precision", "bf16"])
+    data = write_jsonl(tmp_path / "good.jsonl", good_rows())
+    panel = to_train(qtbot, w, data, "greeter", steps=10, estimate=True)
+    assert not w.button(QWizard.WizardButton.BackButton).isEnabled()  # Recipe was the commit page
+    qtbot.waitUntil(lambda: panel.bar.value() >= 1, timeout=TIMEOUT)
+    assert panel.state == "running" and panel.step_label.text().startswith("Step ")
+    assert panel.cancel_button.isEnabled() and not next_enabled(w)
+
+    panel.cancel_button.click()
+    assert confirm["asked"] == ["Cancel training"]
+    qtbot.waitUntil(lambda: not panel.running and panel.state != "running", timeout=TIMEOUT)
+    assert panel.state == "cancelled", panel.status.text()
+    assert (tmp_path / "runs" / "greeter" / "checkpoint" / "state.json").is_file()
+    assert panel.pause_button.text() == "Resume" and panel.pause_button.isEnabled()
+    assert w.train_page.start_over.isVisible()
+    assert AdapterLibrary().list(TINY_ID) == [] and not next_enabled(w)
+    stopped_at = panel.checkpoint_step
+    assert 1 <= stopped_at < 10
+
+    panel.pause_button.click()  # Resume
+    assert panel.state == "running" and panel.pause_button.text() == "Pause"
+    qtbot.waitUntil(lambda: panel.state not in ("running",), timeout=TIMEOUT)
+    assert panel.state == "done", panel.status.text() + panel.stderr.toPlainText()
+    progress = [e for e in panel.events if e["event"] == "progress"]
+    assert progress[-1]["step"] == 10 and min(e["step"] for e in progress[progress.index(progress[-1]) - 1:]) > 1
+    resumed = [e["step"] for e in progress if e["step"] > stopped_at]
+    assert resumed[0] == stopped_at + 1  # continued from the checkpoint, not from step 1
+    assert len(panel.plots["loss"].points("loss")) >= 10
+    cards = AdapterLibrary().list(TINY_ID)
+    assert [c.name for c in cards] == ["greeter"] and cards[0].kind == "skill"
+    assert next_enabled(w)
+
+    w.next()  # a skill adapter skips the concise-reasoning stage
+    page = w.evaluate_page
+    assert w.currentPage() is page
+    assert page.metrics.item(0, 0).text() == "not checkable" and page.metrics.item(1, 1).text().endswith("tokens")
+    assert page.samples.rowCount() >= 1 and "greeter" in page.saved_label.text()
+    page.use_button.click()
+    assert [c.name for c in w.used] == ["greeter"] and w.used[0].folder == cards[0].folder
+
+    w2 = make_wizard()  # the name is taken now
+    check_file(qtbot, w2, data)
+    w2.next()
+    w2.recipe_page.name.setText("greeter")
+    assert not next_enabled(w2) and "already exists" in w2.recipe_page.name_error.text()
+
+
+def test_killed_training_leaves_the_library_unchanged_and_resumes(qtbot, make_wizard, tmp_path, confirm):
+    w = make_wizard(extra_args=["--precision", "bf16", "--checkpoint-every", "1"])
+    data = write_jsonl(tmp_path / "good.jsonl", good_rows())
+    panel = to_train(qtbot, w, data, "crashy", steps=40)
+    qtbot.waitUntil(lambda: panel.checkpoint_step is not None and panel.checkpoint_step >= 1, timeout=TIMEOUT)
+
+    confirm["value"] = False
+    w.reject()  # closing while training asks first; "no" keeps it running
+    assert confirm["asked"] == ["Stop training?"] and w.isVisible() and panel.running
+
+    panel.runner.kill()
+    qtbot.waitUntil(lambda: panel.state == "crashed", timeout=TIMEOUT)
+    assert panel.stderr.isVisibleTo(w) and "exit code" in panel.status.text()
+    assert panel.pause_button.text() == "Resume" and panel.pause_button.isEnabled()
+    assert AdapterLibrary().list(TINY_ID) == []
+    assert not (tmp_path / "home" / "data" / "adapters" / TINY_ID / "crashy").exists()
+    w.reject()
+    assert not w.isVisible()
+
+    w2 = make_wizard(extra_args=["--precision", "bf16"])  # opened again on the same run: Resume is offered
+    panel2 = to_train(qtbot, w2, data, "crashy", steps=40)
+    assert panel2.state == "paused" and not panel2.running
+    assert panel2.pause_button.text() == "Resume" and panel2.pause_button.isEnabled()
+    assert w2.train_page.start_over.isVisible()
