@@ -37,6 +37,21 @@ def _key(folder: Path) -> tuple:
     return str(weights), st.st_mtime_ns, st.st_size
 
 
+def _wrap(model, folder: Path, peft_name: str):
+    """`model` wrapped by peft with the adapter in `folder`; on failure the model is left unwrapped, as it was."""
+    from peft import LoraConfig, PeftModel
+
+    config = LoraConfig.from_pretrained(str(folder))
+    config.inference_mode = True
+    wrapped = PeftModel(model, config, adapter_name=peft_name)
+    try:
+        wrapped.load_adapter(str(folder), adapter_name=peft_name, is_trainable=False)
+    except Exception:
+        wrapped.unload()  # puts the original layers back
+        raise
+    return wrapped
+
+
 class AdapterSlots:
     """The engine's adapters: `reasoning` (or None), `skills` by name, and `using(item)` to run under one."""
 
@@ -64,16 +79,16 @@ class AdapterSlots:
         peft_name = f"ponder{self._count}"
         try:
             if adapters.is_adapted(self.model):
-                self.model.load_adapter(str(folder), adapter_name=peft_name, is_trainable=False)
+                try:
+                    self.model.load_adapter(str(folder), adapter_name=peft_name, is_trainable=False)
+                except Exception:
+                    if peft_name in self.model.peft_config and len(self.model.peft_config) > 1:
+                        self.model.delete_adapter(peft_name)
+                        self._restore_active()
+                    raise
             else:
-                from peft import PeftModel
-
-                self.model = PeftModel.from_pretrained(self.model, str(folder), adapter_name=peft_name,
-                                                       is_trainable=False)
+                self.model = _wrap(self.model, folder, peft_name)
         except Exception as err:  # shapes of another model, unknown config keys, ...: leave no half adapter
-            if adapters.is_adapted(self.model) and peft_name in self.model.peft_config and len(self.model.peft_config) > 1:
-                self.model.delete_adapter(peft_name)
-                self._restore_active()
             raise ValueError(f"it does not fit this model ({type(err).__name__}: {err})") from err
         self.model.eval()
         self._restore_active()
