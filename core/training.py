@@ -237,13 +237,18 @@ def run(args: SftArgs, rd: RunDir, *, store: ModelStore | None = None, resume: b
     return finish(args, rd, prep, log)
 
 
-def finish(args: SftArgs, rd: RunDir, prep: Prepared, log: list[dict]) -> Path:
-    """Evaluate before/after on the held-out records, then save to the library (`--name`) or to `--out`."""
+def finish(args: SftArgs, rd: RunDir, prep: Prepared, log: list[dict]) -> Path | None:
+    """Evaluate before/after on the held-out records, then save to the library (`--name`) or to `--out`.
+    None when a stop was asked for during the evaluation."""
     from .adapter_eval import evaluate_adapter
 
     if args.name:
         result = evaluate_adapter(prep.model, prep.tokenizer, prep.held, args.kind, max_new_tokens=args.eval_tokens,
-                                  limit=args.eval_examples)
+                                  limit=args.eval_examples, should_stop=rd.should_stop)
+        if rd.should_stop():  # cancelled while evaluating: the trained checkpoint stays, nothing is saved
+            step = log[-1]["step"] if log else 0
+            rd.emit({"event": "stopped", "step": step, "resumable": True}, f"stopped after step {step}")
+            return None
         rd.emit({"event": "eval", **result}, f"before: {result['before']}  after: {result['after']}")
         metrics = {"final_loss": log[-1]["loss"] if log else None, "eval_examples": result["examples"],
                    "before": result["before"], "after": result["after"]}
