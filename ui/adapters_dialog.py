@@ -98,6 +98,7 @@ class AdaptersDialog(QDialog):
         self.list = QListWidget()
         self.list.setAlternatingRowColors(True)
         self.list.setWordWrap(True)
+        self.list.setSpacing(2)
         self.message = QLabel(wordWrap=True)
         self.message.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.import_button = QPushButton("Import…")
@@ -322,6 +323,10 @@ class AdapterActions:
     def choose_reasoning(self, name: str | None) -> None:
         """Make library adapter `name` the loaded model's reasoning adapter (None: its own), remembered."""
         model = self.service.model_name
+        if not self.service.ready:  # remembered: applied when the model has loaded
+            self._save_settings(with_reasoning_adapter(self.settings, model, name))
+            self.status.setText(f"{model} will reason with “{name or 'its own adapter'}” once it has loaded.")
+            return
 
         async def run():
             if await self.service.set_reasoning_adapter(name):

@@ -244,7 +244,7 @@ class MainWindow(QMainWindow, AdapterActions):
             self.refresh_adapters()
             self.apply_reasoning_adapter()
             if not self.service.can_reason:
-                self.status.setText(f"{self.status.text()} — {NO_REASONING}")
+                self.status.setText(f"{self.status.text()}. {NO_REASONING}")
         self.on_busy(self.service.busy)
         question, self._pending_question = self._pending_question, None
         if question and state == "ready":

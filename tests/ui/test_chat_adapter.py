@@ -17,7 +17,7 @@ from core.store import ChatStore
 from tests.conftest import TINY_ID
 from tests.qt_helpers import run_until
 from tests.ui.test_adapters_dialog import make_adapter
-from ui import dialogs
+from ui import adapters_dialog, dialogs
 from ui.main_window import MainWindow
 
 
@@ -189,3 +189,25 @@ def test_the_wizards_use_it_sets_the_chat_or_the_reasoning_adapter(window, loop,
     window.use_adapter(library.get(TINY_ID, "concise"))
     assert run_until(loop, lambda: window.service.can_reason, 20)
     assert window.settings.reasoning_adapters == {TINY_ID: "concise"}
+
+
+def test_renaming_or_deleting_the_reasoning_adapter_in_use_follows_through(window, loop, monkeypatch):
+    window.choose_reasoning("concise")
+    assert run_until(loop, lambda: window.service.can_reason, 20)
+    window.open_adapters()
+    dialog = window.adapters_dialog
+    dialog.select("concise")
+    monkeypatch.setattr(adapters_dialog.AdapterNameDialog, "ask", classmethod(lambda cls, p, c: "concise-v2"))
+    dialog.rename_button.click()
+    assert run_until(loop, lambda: window.service.adapter_names()["reasoning"] == "concise-v2", 20)
+    assert window.settings.reasoning_adapters == {TINY_ID: "concise-v2"}
+    assert load_settings(window.controller.store).reasoning_adapters == {TINY_ID: "concise-v2"}
+    monkeypatch.setattr(dialogs.ConfirmDialog, "ask", classmethod(lambda cls, *a: True))
+    dialog.select("concise-v2")
+    dialog.delete_button.click()
+    assert run_until(loop, lambda: not window.service.can_reason, 20)  # no built-in one to fall back to
+    assert window.settings.reasoning_adapters == {} and "no reasoning adapter" in window.status.text()
+    reason = window.composer.mode.findData("reason")
+    assert not window.composer.mode.model().item(reason).isEnabled()
+    assert "Reasoning adapter: none" in dialog.header.text()
+    dialog.close()
