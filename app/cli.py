@@ -1,4 +1,4 @@
-"""The `ponder` command line: ask, models, setup, bench, serve. `ponder` with no command opens the window.
+"""The `ponder` command line: ask, models, adapters, setup, bench, serve. `ponder` with no command opens the window.
 
 Flags and JSON field names here are relied on by scripts: keep them stable.
 """
@@ -10,6 +10,7 @@ import math
 import signal
 import sys
 import threading
+from dataclasses import replace
 
 from core.config import KV_FORMATS, EngineConfig, SamplingConfig
 from models.errors import InvalidModelId, ModelError
@@ -99,6 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="w4: inputs per int4 scale; 32 is closer to bf16 and ~7%% slower (default 128)")
     ask.add_argument("--threads", type=whole(1, 1024), default=None, help="CPU threads (default: physical cores)")
     ask.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    ask.add_argument("--adapter", default=None, metavar="NAME",
+                     help="a library adapter: a skill adapter writes the answer, a reasoning adapter thinks")
 
     models = sub.add_parser("models", help="list, install, import, download or remove models")
     msub = models.add_subparsers(dest="models_command", metavar="ACTION")
@@ -113,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     dl.add_argument("repo_id", help="e.g. Qwen/Qwen2.5-1.5B-Instruct")
     rm = msub.add_parser("remove", help="delete an installed model")
     rm.add_argument("model_id")
+    from .adapters_cli import add_parser as add_adapters_parser
+
+    add_adapters_parser(sub)
 
     setup = sub.add_parser("setup", help="install the embedded default model and prepare its W4 weights")
     setup.add_argument("--model", default=DEFAULT_MODEL_ID)
@@ -195,17 +201,29 @@ def cmd_ask(args) -> int:
     cfg = EngineConfig(model_id=args.model, precision=args.precision, kv=args.kv, head_bits=args.head_bits,
                        group_size=args.group_size,
                        threads=args.threads)
+    card = None
+    if args.adapter is not None:
+        from .adapters_cli import ask_adapter
+
+        card = ask_adapter(args.model, args.adapter)
+        if card.kind == "reasoning":
+            cfg = replace(cfg, reasoning_adapter=card.name)
     bar = TerminalProgress()
-    engine = load_engine(cfg, progress=bar, reasoning=args.mode != "base")
+    engine = load_engine(cfg, progress=bar, reasoning=args.mode != "base" or cfg.reasoning_adapter is not None)
     bar.close()
     for warning in engine.warnings:
         print(f"ponder: warning: {warning}", file=sys.stderr)
+    if card is not None and card.kind == "reasoning" and engine.adapter_name != card.name:
+        print(f"ponder: the reasoning adapter '{card.name}' could not be loaded", file=sys.stderr)
+        return 1
     cancel = threading.Event()
     _install_sigint(cancel)
     kwargs = {"cancel": cancel, "mode": args.mode, "budget": args.budget or None,
               "answer_max_tokens": args.answer_max_tokens}
     if args.system is not None:
         kwargs["system"] = args.system
+    if card is not None and card.kind == "skill":
+        kwargs["skill"] = engine.load_skill(card)
     if args.parallel > 1:
         events = engine.parallel(text, sampling, n=args.parallel, **kwargs)
     else:
@@ -398,7 +416,10 @@ def run_cli(argv: list[str]) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    handlers = {"ask": cmd_ask, "models": cmd_models, "setup": cmd_setup, "bench": cmd_bench, "serve": cmd_serve}
+    from .adapters_cli import cmd_adapters
+
+    handlers = {"ask": cmd_ask, "models": cmd_models, "setup": cmd_setup, "bench": cmd_bench, "serve": cmd_serve,
+                "adapters": cmd_adapters}
     try:
         return handlers[args.command](args)
     except InvalidModelId as err:  # a usage error, like any other bad value
