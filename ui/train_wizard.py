@@ -39,10 +39,11 @@ class TrainWizard(QWizard):
 
     def __init__(self, parent=None, *, model_ids: list[str], current_model: str | None = None, library,
                  on_use: Callable | None = None, runs_dir: Path | None = None, extra_args: list[str] | None = None,
+                 rl_args: list[str] | None = None,
                  check_data: Callable | None = None, validate_name: Callable[[str], str] | None = None):
         """`library` is an AdapterLibrary; `on_use(card)` is called by "Use in this chat"; `runs_dir` holds one
         run folder per adapter name (default: beside the library, `<data dir>/training`); `extra_args` go to
-        every `ponder train` command."""
+        every `ponder train` command, `rl_args` to `ponder train rl` only."""
         super().__init__(parent)
         self.setWindowTitle("Train an adapter")
         self.setOption(QWizard.WizardOption.NoBackButtonOnLastPage, True)
@@ -53,7 +54,8 @@ class TrainWizard(QWizard):
         self.state = WizardState(model_ids=model_ids, check_data=check_data or default_check_data,
                                  validate_name=validate_name or app_service("validate_adapter_name"),
                                  library=library, model_id=current_model or (model_ids[0] if model_ids else ""),
-                                 runs_dir=Path(runs_dir) if runs_dir else None, extra_args=list(extra_args or []))
+                                 runs_dir=Path(runs_dir) if runs_dir else None, extra_args=list(extra_args or []),
+                                 rl_args=list(rl_args or []))
         self.data_page = DataPage(self.state)
         self.recipe_page = RecipePage(self.state)
         self.recipe_page.setCommitPage(True)

@@ -64,6 +64,8 @@ class WizardState:
     runs_dir: Path | None = None
     extra_args: list[str] = field(default_factory=list)
     """Appended to every `train` command (tests: ["--precision", "bf16"])."""
+    rl_args: list[str] = field(default_factory=list)
+    """Appended to the `train rl` command only (e.g. ["--group", "2"])."""
 
     def data_key(self) -> tuple:
         return (self.data_path, self.kind, self.csv_columns)

@@ -133,7 +133,7 @@ class ConcisePage(QWizardPage):
     def args(self) -> list[str]:
         return ["train", "rl", "--adapter", self.s.name, "--data", self.s.data_path, "--model-id", self.s.model_id,
                 "--budgets", RL_BUDGETS, "--steps", str(self.steps.value()), "--name", self.name,
-                "--json-progress", *self.s.extra_args]
+                "--json-progress", *self.s.extra_args, *self.s.rl_args]
 
     def run_dir(self):
         return self.s.runs_dir / self.name if self.s.runs_dir else None

@@ -14,6 +14,7 @@ from core.train_data import token_histogram, validate_file
 from tests.conftest import TINY_ID
 from ui.dialogs import ConfirmDialog
 from ui.train_wizard import TrainWizard
+from ui.wizard_train_pages import FolderOpener
 
 TIMEOUT = 120_000  # ms; 2 shared cores, each subprocess imports torch and loads the tiny model
 
@@ -80,8 +81,8 @@ def check_file(qtbot, w, path, kind="skill"):
     return page
 
 
-def to_train(qtbot, w, path, name, steps, estimate=False):
-    check_file(qtbot, w, path)
+def to_train(qtbot, w, path, name, steps, estimate=False, kind="skill"):
+    check_file(qtbot, w, path, kind)
     assert next_enabled(w)
     w.next()
     recipe = w.recipe_page
@@ -146,12 +147,19 @@ def test_recipe_names_and_presets(qtbot, make_wizard, tmp_path):
     args = w.state.sft_args()
     assert args[args.index("--preset") + 1] == "thorough" and args[args.index("--rank") + 1] == "4"
     assert args[args.index("--run-dir") + 1] == str(tmp_path / "runs" / "greeter")
+    assert w.train_page.nextId() == w.EVALUATE  # a skill adapter skips the concise-reasoning stage
 
 
-def test_train_cancel_resume_save_and_use(qtbot, make_wizard, tmp_path, confirm):
-    w = make_wizard(extra_args=["--precision", "bf16"])
-    data = write_jsonl(tmp_path / "good.jsonl", good_rows())
-    panel = to_train(qtbot, w, data, "greeter", steps=10, estimate=True)
+def reasoning_rows(n=12):
+    return [{"question": f"What is {i} plus {i + 1}?", "answer": f"{i} plus {i + 1} is {2 * i + 1}.\n#### {2 * i + 1}"}
+            for i in range(n)]
+
+
+def test_train_cancel_resume_concise_save_and_use(qtbot, make_wizard, tmp_path, confirm, monkeypatch):
+    w = make_wizard(extra_args=["--precision", "bf16"], rl_args=["--group", "2", "--answer-tokens", "8"])
+    data = write_jsonl(tmp_path / "sums.jsonl", reasoning_rows())
+    w.data_page.held_out.setValue(20)
+    panel = to_train(qtbot, w, data, "adder", steps=10, estimate=True, kind="reasoning")
     assert not w.button(QWizard.WizardButton.BackButton).isEnabled()  # Recipe was the commit page
     qtbot.waitUntil(lambda: panel.bar.value() >= 1, timeout=TIMEOUT)
     assert panel.state == "running" and panel.step_label.text().startswith("Step ")
@@ -161,7 +169,7 @@ def test_train_cancel_resume_save_and_use(qtbot, make_wizard, tmp_path, confirm)
     assert confirm["asked"] == ["Cancel training"]
     qtbot.waitUntil(lambda: not panel.running and panel.state != "running", timeout=TIMEOUT)
     assert panel.state == "cancelled", panel.status.text()
-    assert (tmp_path / "runs" / "greeter" / "checkpoint" / "state.json").is_file()
+    assert (tmp_path / "runs" / "adder" / "checkpoint" / "state.json").is_file()
     assert panel.pause_button.text() == "Resume" and panel.pause_button.isEnabled()
     assert w.train_page.start_over.isVisible()
     assert AdapterLibrary().list(TINY_ID) == [] and not next_enabled(w)
@@ -170,29 +178,41 @@ def test_train_cancel_resume_save_and_use(qtbot, make_wizard, tmp_path, confirm)
 
     panel.pause_button.click()  # Resume
     assert panel.state == "running" and panel.pause_button.text() == "Pause"
-    qtbot.waitUntil(lambda: panel.state not in ("running",), timeout=TIMEOUT)
+    qtbot.waitUntil(lambda: panel.state != "running", timeout=TIMEOUT)
     assert panel.state == "done", panel.status.text() + panel.stderr.toPlainText()
-    progress = [e for e in panel.events if e["event"] == "progress"]
-    assert progress[-1]["step"] == 10 and min(e["step"] for e in progress[progress.index(progress[-1]) - 1:]) > 1
-    resumed = [e["step"] for e in progress if e["step"] > stopped_at]
-    assert resumed[0] == stopped_at + 1  # continued from the checkpoint, not from step 1
+    steps = [e["step"] for e in panel.events if e["event"] == "progress"]
+    assert steps[-1] == 10 and steps[steps.index(stopped_at) + 1] == stopped_at + 1  # resumed, not restarted
     assert len(panel.plots["loss"].points("loss")) >= 10
     cards = AdapterLibrary().list(TINY_ID)
-    assert [c.name for c in cards] == ["greeter"] and cards[0].kind == "skill"
+    assert [(c.name, c.kind) for c in cards] == [("adder", "reasoning")]
     assert next_enabled(w)
 
-    w.next()  # a skill adapter skips the concise-reasoning stage
+    w.next()  # a reasoning adapter goes on to the optional concise-reasoning stage
+    concise = w.concise_page
+    assert w.currentPage() is concise and not next_enabled(w)
+    concise.steps.setValue(1)
+    concise.start_button.click()
+    qtbot.waitUntil(lambda: concise.panel.state != "running", timeout=TIMEOUT)
+    assert concise.panel.state == "done", concise.panel.status.text() + concise.panel.stderr.toPlainText()
+    assert concise.panel.plots["reward"].points("reward") and concise.panel.plots["length"].points("length")
+    assert {c.name for c in AdapterLibrary().list(TINY_ID)} == {"adder", "adder-concise"}
+    assert next_enabled(w)
+
+    w.next()
     page = w.evaluate_page
     assert w.currentPage() is page
-    assert page.metrics.item(0, 0).text() == "not checkable" and page.metrics.item(1, 1).text().endswith("tokens")
-    assert page.samples.rowCount() >= 1 and "greeter" in page.saved_label.text()
+    assert page.metrics.item(0, 0).text().endswith("%") and page.metrics.item(1, 1).text().endswith("tokens")
+    assert page.samples.rowCount() >= 1 and "'adder', 'adder-concise'" in page.saved_label.text()
+    opened = []
+    monkeypatch.setattr(FolderOpener, "open", classmethod(lambda cls, folder: opened.append(folder)))
+    page.open_button.click()
     page.use_button.click()
-    assert [c.name for c in w.used] == ["greeter"] and w.used[0].folder == cards[0].folder
+    assert [c.name for c in w.used] == ["adder-concise"] and opened == [w.used[0].folder]
 
     w2 = make_wizard()  # the name is taken now
     check_file(qtbot, w2, data)
     w2.next()
-    w2.recipe_page.name.setText("greeter")
+    w2.recipe_page.name.setText("adder")
     assert not next_enabled(w2) and "already exists" in w2.recipe_page.name_error.text()
 
 
