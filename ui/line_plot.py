@@ -14,8 +14,9 @@ from PySide6.QtWidgets import QSizePolicy, QWidget
 SERIES_COLOURS = ("#3b82f6", "#f97316", "#10b981", "#e11d48", "#a855f7", "#eab308")
 
 
-def nice_ticks(lo: float, hi: float, target: int = 5) -> list[float]:
-    """Round tick values (1, 2, 2.5 or 5 × 10^k apart) covering [lo, hi]; a flat range is widened around it."""
+def nice_ticks(lo: float, hi: float, target: int = 5, integer: bool = False) -> list[float]:
+    """Round tick values (1, 2, 2.5 or 5 × 10^k apart; whole numbers with `integer`) covering [lo, hi]; a flat
+    range is widened around it."""
     if not (math.isfinite(lo) and math.isfinite(hi)):
         return [0.0, 1.0]
     if hi < lo:
@@ -26,6 +27,8 @@ def nice_ticks(lo: float, hi: float, target: int = 5) -> list[float]:
     raw = (hi - lo) / max(1, target)
     mag = 10 ** math.floor(math.log10(raw))
     step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
+    if integer:
+        step = float(math.ceil(max(1.0, step)))
     first = math.floor(lo / step + 1e-9) * step
     ticks, t = [], first
     while t < hi + step * 0.999:
@@ -52,6 +55,8 @@ class PlotAxes(QWidget):
     """A plot area with x/y axes, tick labels, a grid, a title and a legend; subclasses draw the data."""
 
     MARGIN = 8
+    INTEGER_X = INTEGER_Y = False
+    """Whole-number ticks (counts, token lengths)."""
 
     def __init__(self, parent=None, *, title: str = "", x_label: str = "", y_label: str = ""):
         super().__init__(parent)
@@ -80,7 +85,7 @@ class PlotAxes(QWidget):
         if rng is None:
             return [0.0, 1.0], [0.0, 1.0]
         x0, x1, y0, y1 = rng
-        return nice_ticks(x0, x1, 5), nice_ticks(y0, y1, 4)
+        return nice_ticks(x0, x1, 5, self.INTEGER_X), nice_ticks(y0, y1, 4, self.INTEGER_Y)
 
     def tick_labels(self) -> tuple[list[str], list[str]]:
         xs, ys = self.ticks()
@@ -228,13 +233,16 @@ class LinePlot(PlotAxes):
 class BarPlot(PlotAxes):
     """A histogram: bars over (lo, hi) bins with a count each (e.g. core.train_data.token_histogram)."""
 
+    INTEGER_X = INTEGER_Y = True
+
     def __init__(self, parent=None, *, colour: str = SERIES_COLOURS[0], **kwargs):
         super().__init__(parent, **kwargs)
         self._bins: list[tuple[float, float, int]] = []
         self._colour = QColor(colour)
 
     def set_bins(self, bins) -> None:
-        self._bins = [(float(lo), float(hi), int(n)) for lo, hi, n in bins]
+        # a bin of one value (every record the same length) still gets a visible width
+        self._bins = [(float(lo), float(max(hi, lo + 1)), int(n)) for lo, hi, n in bins]
         self.update()
 
     def bins(self) -> list[tuple[float, float, int]]:

@@ -21,6 +21,7 @@ from PySide6.QtWidgets import (
     QFormLayout,
     QGroupBox,
     QHBoxLayout,
+    QHeaderView,
     QLabel,
     QLineEdit,
     QListWidget,
@@ -145,7 +146,10 @@ class DataPage(QWizardPage):
         self.problems.setMaximumHeight(110)
         self.preview = QTableWidget(0, 3)
         self.preview.setHorizontalHeaderLabels(["Line", "Prompt", "Response"])
-        self.preview.horizontalHeader().setStretchLastSection(True)
+        header = self.preview.horizontalHeader()
+        header.setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
+        header.setSectionResizeMode(0, QHeaderView.ResizeMode.ResizeToContents)
+        self.preview.verticalHeader().hide()
         self.preview.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.preview.setMaximumHeight(140)
         self.histogram = BarPlot(x_label="tokens per record", y_label="records")
@@ -162,7 +166,10 @@ class DataPage(QWizardPage):
         check_row.addWidget(self.check_button)
         check_row.addWidget(self.status, 1)
         lay.addLayout(check_row)
-        lay.addWidget(QLabel("Problems:"))
+        self.problems_label = QLabel("Problems (fix them in the file, then Check again):")
+        lay.addWidget(self.problems_label)
+        self.problems_label.hide()
+        self.problems.hide()
         lay.addWidget(self.problems)
         lay.addWidget(self.preview)
         lay.addWidget(self.histogram, 1)
@@ -246,6 +253,8 @@ class DataPage(QWizardPage):
             for c, text in enumerate((str(rec.line), prompt, rec.response)):
                 self.preview.setItem(r, c, QTableWidgetItem(text.replace("\n", " ")[:300]))
         self.histogram.set_bins(bins)
+        self.problems.setVisible(bool(report.problems))
+        self.problems_label.setVisible(bool(report.problems))
         n = len(report.records)
         if report.ok:
             longest = max(report.token_lengths, default=0)

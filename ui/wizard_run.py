@@ -98,6 +98,7 @@ class RunPanel(QWidget):
         self.bar.setValue(0)
         self.step_label, self.eta_label, self.speed_label = QLabel("Step —"), QLabel("ETA —"), QLabel("")
         stats = QHBoxLayout()
+        stats.setSpacing(24)
         for w in (self.step_label, self.eta_label, self.speed_label):
             stats.addWidget(w)
         stats.addStretch(1)
