@@ -349,7 +349,7 @@ class RecipePage(QWizardPage):
     def initializePage(self) -> None:
         if self.s.model_id in self.s.model_ids:
             self.model.setCurrentText(self.s.model_id)
-        self.changed()
+        self.apply_preset(self.s.preset)  # the checked data may need a longer max length
 
     def apply_preset(self, key: str) -> None:
         p = SFT_PRESETS[key]
@@ -357,7 +357,12 @@ class RecipePage(QWizardPage):
         for w, k in ((self.rank, "rank"), (self.alpha, "alpha"), (self.steps, "steps"), (self.max_tokens, "max_tokens")):
             w.setValue(int(p[k]))
         self.lr.setValue(float(p["lr"]))
+        if self.longest() > self.max_tokens.value():  # fit the data rather than refuse it
+            self.max_tokens.setValue(-(-self.longest() // 64) * 64)
         self.changed()
+
+    def longest(self) -> int:
+        return max(getattr(self.s.report, "token_lengths", None) or [0])
 
     def changed(self, *_):
         self.s.model_id = self.model.currentText()
@@ -365,10 +370,9 @@ class RecipePage(QWizardPage):
         self.s.recipe = {"rank": self.rank.value(), "alpha": self.alpha.value(), "steps": self.steps.value(),
                          "lr": self.lr.value(), "max_tokens": self.max_tokens.value()}
         self.name_error.setText(self.name_problem() or "")
-        report = self.s.report
-        longest = max(getattr(report, "token_lengths", None) or [0])
-        self.length_note.setText(f"Your longest record has {longest} tokens: raise Max length to keep it whole."
-                                 if longest > self.max_tokens.value() else "")
+        longest = self.longest()
+        self.length_note.setText(f"Your longest record has {longest} tokens: raise Max length to at least {longest} "
+                                 "(training refuses longer records)." if longest > self.max_tokens.value() else "")
         if self.seconds_per_step is not None:
             self.show_estimate()
         self.completeChanged.emit()
@@ -379,7 +383,7 @@ class RecipePage(QWizardPage):
             return "Give the adapter a name."
         try:
             self.s.validate_name(name)
-        except ValueError as err:
+        except (ValueError, RuntimeError) as err:  # RuntimeError: the app provides no name check
             return str(err)
         try:
             taken = {c.name for c in self.s.library.list(self.s.model_id)}
@@ -390,7 +394,8 @@ class RecipePage(QWizardPage):
         return None
 
     def isComplete(self) -> bool:
-        return self.name_problem() is None and not self.runner.running
+        return (self.name_problem() is None and not self.runner.running
+                and self.longest() <= self.max_tokens.value())
 
     def estimate(self) -> None:
         if self.runner.running:

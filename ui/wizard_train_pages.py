@@ -190,6 +190,7 @@ class EvaluatePage(QWizardPage):
         self.samples.setHorizontalHeaderLabels(["Prompt", "Before", "After", "Expected"])
         self.samples.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
         self.samples.setWordWrap(True)
+        self.samples.verticalHeader().hide()
         self.samples.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.saved_label = QLabel("")
         self.saved_label.setWordWrap(True)

@@ -144,6 +144,11 @@ def test_recipe_names_and_presets(qtbot, make_wizard, tmp_path):
     thorough.click()
     assert recipe.steps.value() == 150 and recipe.max_tokens.value() == 1024
     recipe.rank.setValue(4)
+    longest = max(w.state.report.token_lengths)
+    recipe.max_tokens.setValue(longest - 1)  # the trainer would refuse the longest record
+    assert not next_enabled(w) and f"at least {longest}" in recipe.length_note.text()
+    recipe.max_tokens.setValue(longest)
+    assert next_enabled(w) and recipe.length_note.text() == ""
     args = w.state.sft_args()
     assert args[args.index("--preset") + 1] == "thorough" and args[args.index("--rank") + 1] == "4"
     assert args[args.index("--run-dir") + 1] == str(tmp_path / "runs" / "greeter")
