@@ -115,3 +115,23 @@ class TrainingJob:
     @property
     def returncode(self) -> int | None:
         return None if self._proc is None else self._proc.poll()
+
+
+def check_data(path, model_id: str, *, kind: str = "skill", max_tokens: int = 1024,
+               csv_columns: tuple[str, str] | None = None, bins: int = 10):
+    """(DataReport, token histogram) of a training file, read with the installed model's tokenizer. Blocking: the
+    wizard calls it from a worker thread."""
+    from core.loading import load_tokenizer
+    from core.model_store import ModelStore
+    from core.train_data import token_histogram, validate_file
+
+    report = validate_file(Path(path), load_tokenizer(ModelStore().get(model_id).hf_dir), kind=kind,
+                           max_tokens=max_tokens, csv_columns=csv_columns)
+    return report, token_histogram(report.token_lengths, bins)
+
+
+def validate_adapter_name(name: str) -> str:
+    """The adapter library's name rule, for the wizard (ui/ does not import core.adapter_library)."""
+    from core.adapter_library import validate_adapter_name as check
+
+    return check(name)

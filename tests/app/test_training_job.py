@@ -84,3 +84,19 @@ def test_stopped_job_resumes_and_a_killed_one_leaves_the_library_unchanged(tiny_
     again.kill()
     assert again.wait(timeout=60) not in (0, None)
     assert "saved" not in rec2.kinds() and AdapterLibrary().list("tiny-qwen2", kind="skill") == []
+
+
+def test_check_data_and_name_rule_for_the_wizard(tiny_store, tmp_path, data):
+    """The wizard's default data check reads the file with the installed model's tokenizer and lists each problem
+    with its line; the name rule is the library's."""
+    from app.training_job import check_data, validate_adapter_name
+
+    report, bins = check_data(data, "tiny-qwen2", kind="skill")
+    assert report.ok and len(report.records) == 8 and sum(count for _, _, count in bins) == 8
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "hi", "response": "hello"}\nnot json\n{"prompt": "", "response": "x"}\n')
+    report, _ = check_data(bad, "tiny-qwen2", kind="skill")
+    assert not report.ok and sorted(p.line for p in report.problems) == [2, 3]
+    assert validate_adapter_name("sql-helper") == "sql-helper"
+    with pytest.raises(ValueError):
+        validate_adapter_name("../x")
