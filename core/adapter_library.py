@@ -350,7 +350,8 @@ def _adapter_folder(folder: Path) -> Path:
 
 
 def _unzip(path: Path, into: Path) -> Path:
-    """Extract a zip safely: only plain files with relative paths inside `into`, within the size limits."""
+    """Extract a zip safely: plain files with relative paths, at most one folder deep, inside `into`, within
+    the size limits; any absolute, `..`, drive or link entry refuses the whole zip."""
     try:
         zf = zipfile.ZipFile(path)
     except (zipfile.BadZipFile, OSError) as err:
@@ -364,11 +365,12 @@ def _unzip(path: Path, into: Path) -> Path:
         for m in members:
             parts = PurePosixPath(m.filename.replace("\\", "/")).parts
             is_link = (m.external_attr >> 16) & 0o170000 == 0o120000
-            if (m.filename.startswith(("/", "\\")) or ".." in parts or any(":" in p for p in parts) or is_link
-                    or len(parts) > 2):
+            if m.filename.startswith(("/", "\\")) or ".." in parts or any(":" in p for p in parts) or is_link:
                 raise AdapterError(f"{path.name} has an unsafe entry '{m.filename}'; nothing was imported.")
         for m in members:
             parts = PurePosixPath(m.filename.replace("\\", "/")).parts
+            if len(parts) > 2 or parts[0] == "__MACOSX":  # an adapter is flat, at most in one top folder
+                continue
             target = into.joinpath(*parts)
             if m.is_dir():
                 target.mkdir(parents=True, exist_ok=True)

@@ -111,7 +111,7 @@ def _zip(path, members: dict[str, bytes]):
     return path
 
 
-@pytest.mark.parametrize("bad", ["../evil.json", "/abs.json", "a/../../evil.json", "c:/x.json", "a/b/c.json"])
+@pytest.mark.parametrize("bad", ["../evil.json", "/abs.json", "a/../../evil.json", "c:/x.json", "x\\..\\..\\evil.json"])
 def test_a_zip_with_an_unsafe_member_is_refused_and_nothing_is_written(library, saved_adapter, tmp_path, bad):
     good = {f"x/{f.name}": f.read_bytes() for f in saved_adapter.iterdir()}
     path = _zip(tmp_path / "evil.zip", {**good, bad: b"{}"})
@@ -119,6 +119,14 @@ def test_a_zip_with_an_unsafe_member_is_refused_and_nothing_is_written(library, 
         library.import_path(path, model_id=TINY_ID)
     assert not (tmp_path / "evil.json").exists() and not (tmp_path.parent / "evil.json").exists()
     assert list(library.root.iterdir()) == []  # the staging folder is gone too
+
+
+def test_a_zip_with_a_top_folder_and_finder_metadata_imports(library, saved_adapter, tmp_path):
+    members = {f"x/{f.name}": f.read_bytes() for f in saved_adapter.iterdir()}
+    members.update({"__MACOSX/x/._adapter_config.json": b"\x00", "x/deeper/notes.txt": b"kept out"})
+    card = library.import_path(_zip(tmp_path / "My Adapter.zip", members), model_id=TINY_ID)
+    assert card.name == "my-adapter" and sorted(p.name for p in card.folder.iterdir()) == [
+        "adapter_config.json", "adapter_model.safetensors", adapters.META_FILE]
 
 
 def test_damaged_adapters_and_non_adapters_are_refused(library, saved_adapter, tmp_path):
