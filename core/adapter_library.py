@@ -130,8 +130,9 @@ class AdapterLibrary:
                 continue
             meta_name = _safe_meta(folder).get("name")
             name = meta_name if isinstance(meta_name, str) and _valid(meta_name) else default
-            if any(c.name == name for c in cards):
-                name = default
+            taken = {c.name for c in cards}
+            if name in taken:
+                name = next(n for n in (default, *(f"{default}-{i}" for i in range(2, 9))) if n not in taken)
             cards.append(_card(folder, model_id, name, builtin=True))
         return cards
 
@@ -165,7 +166,7 @@ class AdapterLibrary:
     def list(self, model_id: str | None = None, kind: str | None = None) -> list[AdapterCard]:
         """Adapters (library ones, then builtin ones) of one model, or of every installed model and every model
         the library has adapters for; optionally of one kind."""
-        ids = [validate_model_id(model_id)] if model_id is not None else self._model_ids()
+        ids = [_model(model_id)] if model_id is not None else self._model_ids()
         cards = [c for m in ids for c in self._own(m) + self._builtins(m)]
         return [c for c in cards if kind is None or c.kind == kind]
 
@@ -177,7 +178,7 @@ class AdapterLibrary:
         raise AdapterError(f"There is no adapter '{name}' for {model_id} (adapters: {names}).")
 
     def _folder(self, model_id: str, name: str) -> Path:
-        return self.root / validate_model_id(model_id) / validate_adapter_name(name)
+        return self.root / _model(model_id) / validate_adapter_name(name)
 
     def _inside(self, target: Path) -> Path:
         """`target` if it lies strictly inside the library root (and is no link); the guard for every delete."""
@@ -254,7 +255,7 @@ class AdapterLibrary:
             model_id = model_id or meta.get("base_model")
             if not model_id:
                 raise AdapterError(f"{path.name} does not say which model it was trained for; give the model id.")
-            validate_model_id(model_id)
+            _model(model_id)
             self._check_base(meta, model_id)
             if name is None:
                 own = meta.get("name")
@@ -322,6 +323,13 @@ class AdapterLibrary:
         trash = folder.parent / f".{folder.name}.removing-{os.getpid()}"
         os.rename(folder, trash)  # gone from the listing at once, even if the delete below is interrupted
         shutil.rmtree(self._inside(trash))
+
+
+def _model(model_id: str) -> str:
+    try:
+        return validate_model_id(model_id)
+    except InvalidModelId as err:
+        raise AdapterError(str(err)) from None
 
 
 def _valid(name: str) -> bool:

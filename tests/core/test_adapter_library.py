@@ -100,8 +100,11 @@ def test_bad_names_are_refused(library, saved_adapter, name):
     assert not library.root.exists() or not any(library.root.rglob("adapter_config.json"))
 
 
-def test_valid_names_pass():
+def test_valid_names_pass_and_bad_model_ids_are_adapter_errors(library):
     assert validate_adapter_name("sql-helper_2.1") == "sql-helper_2.1"
+    for call in (lambda: library.list("../x"), lambda: library.get("A B", "x"), lambda: library.remove("..", "x")):
+        with pytest.raises(AdapterError, match="not a valid model id"):
+            call()
 
 
 def _zip(path, members: dict[str, bytes]):
