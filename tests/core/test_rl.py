@@ -140,7 +140,7 @@ def test_tiny_run_logs_checkpoints_draws_resumes_and_stops(tmp_path, tiny_store,
     events = _events(rd)
     steps = [e for e in events if e["event"] == "rl_progress"]
     assert [e["step"] for e in steps] == [1, 2] and all(e["budget"] in (6, 10) for e in steps)
-    for key in ("reward", "length", "accuracy", "cut_share", "loss", "seconds", "elapsed_s", "eta_s"):
+    for key in ("reward", "length", "accuracy", "cut_share", "kl", "loss", "seconds", "rollout_s", "elapsed_s", "eta_s"):
         assert key in steps[0]
     assert json.loads((rd.checkpoint / "state.json").read_text())["step"] == 2
     assert all((rd.path / f"{k}.png").stat().st_size > 1000 for k in ("reward", "length", "accuracy"))
