@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from core.config import SamplingConfig
 from core.events import Answer, DoneEvent, TokenEvent
+from core.memory import release_free_memory
 
 KINDS = ("stream", "parallel", "think_longer")
 
@@ -176,6 +177,7 @@ class EngineWorker:
             return answer
         finally:
             self._running = False
+            release_free_memory(collect=False)  # a long prefill's freed buffers go back to the OS, not kept in RSS
             tokens = answer.stats.completion_tokens if answer is not None else 0
             self.recent.append(JobRecord(gen.source, finish, tokens, gen.cancel.is_set(), started - queued_at,
                                          time.perf_counter() - started))

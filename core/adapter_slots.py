@@ -37,15 +37,22 @@ def _key(folder: Path) -> tuple:
     return str(weights), st.st_mtime_ns, st.st_size
 
 
-def _wrap(model, folder: Path, peft_name: str):
-    """`model` wrapped by peft with the adapter in `folder`; on failure the model is left unwrapped, as it was."""
-    from peft import LoraConfig, PeftModel
+def _config(folder: Path):
+    from peft import LoraConfig
 
     config = LoraConfig.from_pretrained(str(folder))
     config.inference_mode = True
+    return config
+
+
+def _wrap(model, folder: Path, peft_name: str):
+    """`model` wrapped by peft with the adapter in `folder`; on failure the model is left unwrapped, as it was."""
+    from peft import PeftModel
+
+    config = _config(folder)
     wrapped = PeftModel(model, config, adapter_name=peft_name)
     try:
-        wrapped.load_adapter(str(folder), adapter_name=peft_name, is_trainable=False)
+        adapters.copy_adapter_weights(wrapped, folder, peft_name)
     except Exception:
         wrapped.unload()  # puts the original layers back
         raise
@@ -69,18 +76,23 @@ class AdapterSlots:
         """Load the adapter in `folder` (once per set of files) and return it; raises ValueError when it is
         damaged or does not fit this model, leaving the loaded adapters as they were."""
         folder = Path(folder)
-        adapters.check_adapter(folder)
-        key = _key(folder)
+        try:
+            key = _key(folder)
+        except OSError:
+            adapters.check_adapter(folder)  # raises the user-facing ValueError ("it is damaged (...)")
+            raise
         for item in self._loaded.values():
-            if item.key == key:
+            if item.key == key:  # these files are loaded already: no re-read per request
                 self._loaded.move_to_end(item.peft_name)
                 return Loaded(item.peft_name, name, key)
+        adapters.check_adapter(folder)
         self._count += 1
         peft_name = f"ponder{self._count}"
         try:
             if adapters.is_adapted(self.model):
                 try:
-                    self.model.load_adapter(str(folder), adapter_name=peft_name, is_trainable=False)
+                    self.model.add_adapter(peft_name, _config(folder))
+                    adapters.copy_adapter_weights(self.model, folder, peft_name)
                 except Exception:
                     if peft_name in self.model.peft_config and len(self.model.peft_config) > 1:
                         self.model.delete_adapter(peft_name)

@@ -176,3 +176,19 @@ def test_load_engine_takes_the_reasoning_adapter_from_the_library(tiny_store, fo
                           tiny_store)
     assert not missing.can_reason and len(missing.warnings) == 1
     assert "'gone'" in missing.warnings[0] and missing.warnings[0].endswith("using no reasoning adapter.")
+
+
+def test_adapter_weights_are_copied_as_peft_loads_them_without_the_base_state_dict(folders, tmp_path):
+    """`copy_adapter_weights` (used because peft's loader unpacks every quantized base weight through
+    `state_dict()`) fills the LoRA parameters exactly as peft's own loader does, and refuses a file that does
+    not fit."""
+    from peft import PeftModel
+
+    ids = torch.tensor([[1, 5, 9, 42, 7]])
+    by_peft = PeftModel.from_pretrained(make_model(448), str(folders["skill"]), adapter_name="a").eval()
+    ours = adapter_slots._wrap(make_model(448), folders["skill"], "a").eval()
+    with torch.no_grad():
+        assert torch.equal(by_peft(ids).logits, ours(ids).logits)
+    wide = adapters.attach_new(make_model(448), rank=8)  # rank 8 parameters, rank 4 file
+    with pytest.raises(ValueError, match="shape"):
+        adapters.copy_adapter_weights(wide, folders["skill"], adapters.ADAPTER_NAME)
