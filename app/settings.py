@@ -15,6 +15,8 @@ from models.registry import DEFAULT_MODEL_ID, validate_model_id
 MODES = ("auto", "reason", "base")
 THEMES = ("system", "light", "dark")
 BUDGET_CHOICES = (128, 256, 512, 1024, None)
+FONT_SIZES = (8, 32)
+"""Smallest and largest transcript/composer font size, in points."""
 SETTINGS_KEY = "app_settings"
 
 
@@ -47,6 +49,10 @@ class AppSettings:
     reasoning_adapters: dict[str, str] = field(default_factory=dict)
     """Model id -> name of the adapter-library adapter it reasons with (a model not listed uses its own
     reasoning component, the shipped one, or none)."""
+    font_size: int = 11
+    """Point size of the transcript and the composer (View ▸ Bigger / Smaller text, Ctrl+= / Ctrl+− / Ctrl+0)."""
+    enter_sends: bool = False
+    """Enter sends the message (Shift+Enter: a new line); off: Enter is a new line. Ctrl+Enter always sends."""
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -61,6 +67,11 @@ class AppSettings:
             raise ValueError("threads must be between 0 (automatic) and 256")
         if not isinstance(self.serve, bool):
             raise ValueError("serve must be true or false")
+        if not isinstance(self.enter_sends, bool):
+            raise ValueError("enter_sends must be true or false")
+        if (isinstance(self.font_size, bool) or not isinstance(self.font_size, int)
+                or not FONT_SIZES[0] <= self.font_size <= FONT_SIZES[1]):
+            raise ValueError(f"the font size must be between {FONT_SIZES[0]} and {FONT_SIZES[1]} points")
         if isinstance(self.serve_port, bool) or not isinstance(self.serve_port, int) or not 1024 <= self.serve_port <= 65535:
             raise ValueError("the server port must be between 1024 and 65535")
         if not 16 <= self.answer_max_tokens <= 8192:
