@@ -143,3 +143,29 @@ def load_settings(store) -> AppSettings:
 
 def save_settings(store, settings: AppSettings) -> None:
     store.set_setting(SETTINGS_KEY, asdict(settings))
+
+
+CHAT_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "repetition_penalty", "answer_max_tokens")
+"""What a chat may override of the global sampling settings (its other requests follow the preferences)."""
+
+
+def chat_sampling(values: dict | None, *, strict: bool = True) -> dict:
+    """A chat's sampling overrides, each checked as the preferences are (temperature 0-2, top_p in (0, 1], ...).
+
+    strict: a bad or unknown entry raises ValueError (what the chat settings dialog shows); otherwise it is
+    dropped (values read back from the store)."""
+    out: dict = {}
+    for key, value in (values or {}).items():
+        try:
+            if key not in CHAT_SAMPLING_KEYS:
+                raise ValueError(f"{key!r} is not a per-chat sampling setting ({', '.join(CHAT_SAMPLING_KEYS)})")
+            whole = key in ("top_k", "answer_max_tokens")
+            if isinstance(value, bool) or not isinstance(value, int if whole else (int, float)):
+                raise ValueError(f"{key} must be a {'whole ' if whole else ''}number")
+            value = value if whole else float(value)
+            replace(AppSettings(), **{key: value})  # the preferences' own checks
+            out[key] = value
+        except ValueError:
+            if strict:
+                raise
+    return out
