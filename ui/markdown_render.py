@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import html
+import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -80,6 +81,24 @@ def _math_inline(state, silent: bool) -> bool:
     return False
 
 
+_PROSE_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}(?![A-Za-z{])")
+
+
+def _currency(state, silent: bool) -> bool:
+    """`$8 in all (10$`: a `$` before a number whose 'formula' up to the next `$` holds plain words is money,
+    not math; the `$` stays text (runs before dollarmath's rule)."""
+    src, pos = state.src, state.pos
+    if src[pos] != "$" or pos + 1 >= len(src) or not src[pos + 1].isdigit():
+        return False
+    end = src.find("$", pos + 1)
+    if end < 0 or not _PROSE_WORD.search(src[pos + 1:end]):
+        return False
+    if not silent:
+        state.push("text", "", 0).content = "$"
+    state.pos += 1
+    return True
+
+
 def _math_block(state, start: int, end_line: int, silent: bool) -> bool:
     if state.sCount[start] - state.blkIndent >= 4:
         return False
@@ -119,6 +138,7 @@ def _parser() -> MarkdownIt:
     md = MarkdownIt("commonmark", {"html": False, "linkify": False, "typographer": False})
     md.enable(["table", "strikethrough"])
     dollarmath_plugin(md, allow_space=False, allow_digits=False, double_inline=True, allow_labels=False)
+    md.inline.ruler.before("math_inline", "ponder_currency", _currency)
     md.inline.ruler.before("escape", "ponder_math", _math_inline)
     md.block.ruler.before("fence", "ponder_math_block", _math_block,
                           {"alt": ["paragraph", "reference", "blockquote", "list"]})

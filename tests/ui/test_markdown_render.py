@@ -1,0 +1,237 @@
+"""The message renderer in a real QTextDocument: escaping (code and typed HTML show and copy as themselves), math
+as images (inline, display, \\boxed in prose and math), fallbacks for TeX mathtext cannot set, streaming with an
+open `$`, `\\[` or fence, Markdown structure (headings, lists, tables, links kept but not fetched) and the
+light/dark colours."""
+import subprocess
+import sys
+
+import pytest
+from PySide6.QtCore import Qt, QUrl
+from PySide6.QtGui import QColor, QTextDocument, QTextTable
+
+from ui import math_render
+from ui.markdown_render import open_fence_line, render_markdown, split_boxed
+
+
+@pytest.fixture(autouse=True)
+def _app(qapp):
+    return qapp
+
+
+def document(r) -> QTextDocument:
+    doc = QTextDocument()
+    for url, image in r.images.items():
+        doc.addResource(QTextDocument.ResourceType.ImageResource, QUrl(url), image)
+    doc.setHtml(r.html)
+    doc.setTextWidth(600)
+    return doc
+
+
+def fragments(doc: QTextDocument):
+    block = doc.begin()
+    while block.isValid():
+        it = block.begin()
+        while not it.atEnd():
+            frag = it.fragment()
+            if frag.isValid():
+                yield block, frag
+            it += 1
+        block = block.next()
+
+
+def image_names(doc: QTextDocument) -> list[str]:
+    return [f.charFormat().toImageFormat().name() for _, f in fragments(doc) if f.charFormat().isImageFormat()]
+
+
+def anchors(doc: QTextDocument) -> list[str]:
+    return [f.charFormat().anchorHref() for _, f in fragments(doc) if f.charFormat().isAnchor()]
+
+
+def ink(image) -> int:
+    """Pixels that are not background (any alpha)."""
+    return sum(1 for y in range(image.height()) for x in range(image.width()) if image.pixelColor(x, y).alpha() > 0)
+
+
+def mean_ink_lightness(image) -> float:
+    vals = [image.pixelColor(x, y) for y in range(image.height()) for x in range(image.width())]
+    vals = [c for c in vals if c.alpha() > 200]
+    return sum(c.lightnessF() for c in vals) / len(vals)
+
+
+CODE = 'if a < b && c > d:\n    print("<b>&amp;</b>")'
+
+
+def test_code_shows_and_copies_as_itself():
+    r = render_markdown(f"Look:\n\n```python\n{CODE}\n```\n\nand `x<y && z>w` inline.", key_prefix="m3-")
+    doc = document(r)
+    text = doc.toPlainText()
+    assert 'if a < b && c > d:' in text and 'print("<b>&amp;</b>")' in text
+    assert "x<y && z>w" in text and "&lt;" not in text
+    assert r.code_blocks == {"m3-0": CODE}
+    assert "ponder:copycode/m3-0" in anchors(doc)
+    assert "python" in text and "Copy" in text
+    # highlighted: the keyword has a colour of its own, unlike the surrounding text
+    colours = {f.charFormat().foreground().color().name() for _, f in fragments(doc) if "if" == f.text().strip()}
+    assert colours and colours != {"#000000"}
+
+
+def test_copy_keys_count_in_order_and_indented_code_counts():
+    r = render_markdown("```\none\n```\n\ntext\n\n    two\n\n~~~js\nthree\n~~~\n", key_prefix="k")
+    assert r.code_blocks == {"k0": "one", "k1": "two", "k2": "three"}
+
+
+def test_typed_html_and_template_tokens_are_text():
+    r = render_markdown("Say <b>hi</b> then <|im_start|>user and <script>alert(1)</script> at AT&T")
+    doc = document(r)
+    text = doc.toPlainText()
+    assert "<b>hi</b>" in text and "<|im_start|>user" in text and "<script>alert(1)</script>" in text
+    assert "AT&T" in text
+    assert not any(f.charFormat().fontWeight() > 400 for _, f in fragments(doc))
+
+
+def test_inline_and_display_math_are_images():
+    r = render_markdown("Inline $x^2+1$ and \\(\\alpha\\).\n\nThus:\n\\[\n\\frac{a}{b} = c\n\\]\n\n$$\\sqrt{2}$$\n")
+    doc = document(r)
+    names = image_names(doc)
+    assert len(names) == 4 and set(names) == set(r.images)
+    assert all(n.startswith("ponder-math:") for n in names)
+    for image in r.images.values():
+        assert not image.isNull() and ink(image) > 20
+    assert "$" not in doc.toPlainText() and "\\frac" not in doc.toPlainText()
+    centred = [b for b, f in fragments(doc) if f.charFormat().isImageFormat()
+               and b.blockFormat().alignment() & Qt.AlignmentFlag.AlignHCenter]
+    assert len(centred) == 2  # the two display formulas
+    inline = [f for b, f in fragments(doc) if f.charFormat().isImageFormat()][0].charFormat()
+    assert inline.verticalAlignment() == inline.VerticalAlignment.AlignMiddle
+
+
+def test_boxed_in_prose_and_in_math_is_framed():
+    r = render_markdown("The answer is \\boxed{8}. In math: $x = \\boxed{42}$. Words: \\boxed{\\text{Yes}}.")
+    doc = document(r)
+    assert "boxed" not in doc.toPlainText()
+    assert len(image_names(doc)) == 4  # 8, "x =", 42, Yes
+    boxed = math_render.math_image("8", display=False, dark=False, boxed=True)
+    plain = math_render.math_image("8", display=False, dark=False)
+    assert boxed is not None and plain is not None
+    assert boxed.width() > plain.width() and boxed.height() >= plain.height()
+    mid = boxed.height() // 2
+    box = QColor(math_render.LIGHT["box"])
+    edge = boxed.pixelColor(1, mid)
+    assert edge.alpha() > 0 and abs(edge.blue() - box.blue()) < 60  # the frame's left side
+    assert plain.pixelColor(0, plain.height() // 2).alpha() == 0
+    assert boxed in r.images.values() or any(im.size() == boxed.size() for im in r.images.values())
+
+
+def test_split_boxed():
+    assert split_boxed("x = \\boxed{42}") == [("x = ", False), ("42", True)]
+    assert split_boxed("\\frac{\\boxed{1}}{2}") == [("\\frac{\\boxed{1}}{2}", False)]
+    assert split_boxed("\\boxed{a}+\\boxed{b}") == [("a", True), ("+", False), ("b", True)]
+
+
+def test_nested_boxed_frames_the_whole_formula():
+    r = render_markdown("$\\frac{\\boxed{1}}{2}$")
+    assert len(r.images) == 1 and "\\frac" not in document(r).toPlainText()
+
+
+def test_broken_formula_falls_back_to_source():
+    r = render_markdown("Bad $\\frac{1}{2$ and\n\n$$\n\\begin{align} a &= b \\\\ c &= d \\end{align}\n$$\n")
+    doc = document(r)
+    text = doc.toPlainText()
+    assert "$\\frac{1}{2$" in text
+    assert "\\begin{align} a &= b" in text
+    assert not r.images
+    assert math_render.math_image("\\frac{1}{", display=False, dark=False) is None
+
+
+def test_common_latex_beyond_mathtext_is_mapped():
+    for tex in ["a \\le b \\ge c", "\\tfrac{1}{2}", "\\dbinom{n}{k}", "\\displaystyle\\sum_{i=1}^n i", "p \\implies q",
+                "7 \\pmod{3}", "\\textbf{v}", "\\left\\lvert x \\right\\rvert", "\\frac12", "\\text{area} = \\pi r^2"]:
+        assert math_render.math_image(tex, display=False, dark=False) is not None, tex
+
+
+def test_dollar_amounts_are_not_math():
+    line = "She pays $5 for apples and $3 for pears, so $5 + $3 = $8 in all (10$ was too much)."
+    r = render_markdown(line)
+    assert not r.images and line in document(r).toPlainText()
+
+
+def test_streaming_open_math_and_fence_stay_plain():
+    r = render_markdown("So the value is $x^2 + \\frac{1}{", streaming=True)
+    assert not r.images and "$x^2 + \\frac{1}{" in document(r).toPlainText()
+    r = render_markdown("Thus:\n\\[\nx = \\frac{1}", streaming=True)
+    assert not r.images and "\\[" in document(r).toPlainText()
+    r = render_markdown("Answer \\boxed{4", streaming=True)
+    assert not r.images and "\\boxed{4" in document(r).toPlainText()
+    live = "Here:\n\n```python\nif a < b:\n    pass"
+    r = render_markdown(live, streaming=True, key_prefix="L")
+    doc = document(r)
+    assert "if a < b:" in doc.toPlainText() and not r.code_blocks
+    assert not any(a.startswith("ponder:copycode/") for a in anchors(doc))
+    done = render_markdown(live + "\n```\n", streaming=True, key_prefix="L")
+    assert done.code_blocks == {"L0": "if a < b:\n    pass"}
+    # a closed formula renders while the rest still streams
+    r = render_markdown("We get $x=1$ and then $y", streaming=True)
+    assert len(r.images) == 1 and "$y" in document(r).toPlainText()
+
+
+def test_open_fence_line():
+    assert open_fence_line("a\n```py\nx") == 1
+    assert open_fence_line("a\n```py\nx\n```\n") is None
+    assert open_fence_line("````\n```\nx") == 0
+    assert open_fence_line("> ```\n> x") == 0
+    assert open_fence_line("inline ``` not a fence") is None
+
+
+def test_markdown_structure():
+    text = ("# Title\n\n## Sub\n\n- one\n- two\n\n1. first\n\n| a | b |\n|---|--:|\n| 1 | 2 |\n\n"
+            "[site](https://example.com/x?a=1&b=2) ![pic](https://example.com/p.png) ~~old~~ **bold**\n\n> quoted\n")
+    r = render_markdown(text)
+    doc = document(r)
+    levels = []
+    block = doc.begin()
+    lists = 0
+    while block.isValid():
+        levels.append(block.blockFormat().headingLevel())
+        lists += block.textList() is not None
+        block = block.next()
+    assert 1 in levels and 2 in levels
+    assert lists == 3
+    tables = [f for f in doc.rootFrame().childFrames() if isinstance(f, QTextTable)]
+    assert tables and tables[0].rows() == 2 and tables[0].columns() == 2
+    hrefs = anchors(doc)
+    assert "https://example.com/x?a=1&b=2" in hrefs and "https://example.com/p.png" in hrefs
+    assert not image_names(doc)  # a Markdown image is a link, never loaded
+    assert any(f.charFormat().fontStrikeOut() for _, f in fragments(doc))
+    assert any(f.charFormat().fontWeight() > 400 and f.text() == "bold" for _, f in fragments(doc))
+    assert "quoted" in doc.toPlainText()
+
+
+def test_dark_changes_code_and_math_colours():
+    src = "```python\ndef f():\n    return 1\n```\n\n$x^2 + y^2$"
+    light, dark = render_markdown(src), render_markdown(src, dark=True)
+
+    def keyword_colour(r):
+        doc = document(r)
+        return {f.charFormat().foreground().color().name() for _, f in fragments(doc) if f.text().strip() == "def"}
+
+    assert keyword_colour(light) != keyword_colour(dark)
+    assert light.html != dark.html
+    (li,), (di,) = light.images.values(), dark.images.values()
+    assert mean_ink_lightness(li) < 0.4 < 0.6 < mean_ink_lightness(di)
+
+
+def test_math_images_are_cached():
+    a = math_render.math_image("e^{i\\pi}+1=0", display=True, dark=False)
+    b = math_render.math_image("e^{i\\pi}+1=0", display=True, dark=False)
+    c = math_render.math_image("e^{i\\pi}+1=0", display=False, dark=False)
+    assert a is b and a is not c and a.width() > c.width()
+
+
+def test_importing_the_renderer_does_not_import_matplotlib():
+    code = ("import sys; from PySide6.QtWidgets import QApplication; app = QApplication([]);"
+            "from ui.markdown_render import render_markdown; r = render_markdown('# hi\\n\\n```py\\nx=1\\n```');"
+            "assert 'matplotlib' not in sys.modules, 'eager'; render_markdown('$x$');"
+            "assert 'matplotlib' in sys.modules; print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**__import__("os").environ, "QT_QPA_PLATFORM": "offscreen"})
+    assert out.returncode == 0 and "ok" in out.stdout, out.stderr
