@@ -1,5 +1,7 @@
-"""Chat history in SQLite (sqlite-utils): conversations (with each chat's skill adapter), messages with thinking
-traces, candidates, routes and settings per answer; full-text search; versioned migrations; crash-safe streaming writes.
+"""Chat history in SQLite (sqlite-utils): conversations (with each chat's skill adapter, pin, system prompt and
+sampling overrides), messages with thinking traces, candidates, routes and settings per answer, kept as a tree
+(each message's `parent_id`; regenerate / edit / think longer add siblings, `conversations.active_leaf` is the end
+of the branch shown); full-text search; versioned migrations; crash-safe streaming writes.
 
 A reply is written while it streams (`ReplyWriter`, flushed at most every `flush_s`), so a crash loses at
 most that interval; on the next open, replies left 'streaming' are marked 'incomplete'. A file that is not a
@@ -40,7 +42,33 @@ def _m4_adapter(db: sqlite_utils.Database) -> None:
     db["conversations"].add_column("adapter", str)
 
 
-MIGRATIONS = [_m1_initial, _m2_reasoning, _m3_search, _m4_adapter]
+def _m5_branches_and_chat_settings(db: sqlite_utils.Database) -> None:
+    """Messages form a tree (parent_id; existing chats become one branch: each message follows the previous one
+    of its chat); `selected` (a per-chat counter: when a message was last on the shown branch) picks the child
+    at a fork; each chat has its shown branch's end (active_leaf), a pin, a system prompt and sampling overrides
+    (JSON). Safe to run again after an interruption (columns added once, the back-fill gives the same result)."""
+    have = set(db["messages"].columns_dict)
+    for name, kind in (("parent_id", int), ("selected", float)):
+        if name not in have:
+            db["messages"].add_column(name, kind)
+    have = set(db["conversations"].columns_dict)
+    for name, kind in (("active_leaf", int), ("system_prompt", str), ("sampling", str)):
+        if name not in have:
+            db["conversations"].add_column(name, kind)
+    if "pinned" not in have:
+        db["conversations"].add_column("pinned", int, not_null_default=0)
+    db.execute("UPDATE messages SET parent_id = (SELECT MAX(p.id) FROM messages p WHERE "
+               "p.conversation_id = messages.conversation_id AND p.id < messages.id)")
+    db.execute("UPDATE conversations SET active_leaf = (SELECT MAX(m.id) FROM messages m "
+               "WHERE m.conversation_id = conversations.id)")
+    db["messages"].create_index(["parent_id"], if_not_exists=True)
+
+
+MIGRATIONS = [_m1_initial, _m2_reasoning, _m3_search, _m4_adapter, _m5_branches_and_chat_settings]
+_LEAF = object()
+"""add_message's default parent: the end of the chat's shown branch."""
+KEEP = object()
+"""set_chat_settings: leave this setting as it is."""
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -63,31 +91,41 @@ class Message:
     status: str
     created: float
     meta: dict
+    parent_id: int | None = None
+    """The message this one follows (None: the chat's first message, or one of its edits)."""
 
 
 def _message(row: dict) -> Message:
     return Message(row["id"], row["conversation_id"], row["role"], row["content"] or "", row.get("thinking") or "",
-                   row["status"], row["created"], json.loads(row.get("meta") or "{}"))
+                   row["status"], row["created"], json.loads(row.get("meta") or "{}"), row.get("parent_id"))
+
+
+_PATH = ("WITH RECURSIVE up(id, depth) AS (SELECT id, 0 FROM messages WHERE id = ? UNION ALL "
+         "SELECT m.parent_id, up.depth + 1 FROM messages m JOIN up ON m.id = up.id WHERE m.parent_id IS NOT NULL) "
+         "SELECT messages.* FROM up JOIN messages ON messages.id = up.id ORDER BY up.depth DESC")
+_DESCENDANTS = ("WITH RECURSIVE down(id) AS (SELECT ? UNION ALL SELECT m.id FROM messages m JOIN down "
+                "ON m.parent_id = down.id) SELECT id FROM down")
 
 
 class ChatStore:
     def __init__(self, path: Path, flush_s: float = 0.5):
-        self.path = Path(path)
+        self.file = Path(path)
+        """The database file (`path(cid)` is a chat's shown branch)."""
         self.flush_s = flush_s
         self.recovered_from: Path | None = None
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.file.parent.mkdir(parents=True, exist_ok=True)
         try:
             self.db = self._open()
         except sqlite3.DatabaseError:
-            backup = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
-            self.path.replace(backup)
+            backup = self.file.with_name(f"{self.file.name}.corrupt-{int(time.time())}")
+            self.file.replace(backup)
             for suffix in ("-wal", "-shm"):
-                Path(str(self.path) + suffix).unlink(missing_ok=True)
+                Path(str(self.file) + suffix).unlink(missing_ok=True)
             self.recovered_from = backup
             self.db = self._open()
 
     def _open(self) -> sqlite_utils.Database:
-        conn = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
+        conn = sqlite3.connect(str(self.file), check_same_thread=False, isolation_level=None)
         try:
             conn.execute("PRAGMA quick_check").fetchall()
             version = conn.execute("PRAGMA user_version").fetchone()[0]
@@ -96,7 +134,7 @@ class ChatStore:
             raise
         if version > SCHEMA_VERSION:  # checked before anything is written (WAL mode, migrations)
             conn.close()
-            raise NewerDatabaseError(self.path, version)
+            raise NewerDatabaseError(self.file, version)
         db = sqlite_utils.Database(conn)
         db.enable_wal()
         db.execute("PRAGMA foreign_keys = ON")
@@ -111,7 +149,7 @@ class ChatStore:
     def _migrate(self, db: sqlite_utils.Database) -> None:
         version = self.schema_version(db)
         if version > SCHEMA_VERSION:
-            raise NewerDatabaseError(self.path, version)
+            raise NewerDatabaseError(self.file, version)
         for number, migration in enumerate(MIGRATIONS[version:], start=version + 1):
             with db.conn:
                 migration(db)
@@ -125,7 +163,33 @@ class ChatStore:
         return cid
 
     def conversations(self) -> list[dict]:
-        return list(self.db.query("SELECT * FROM conversations ORDER BY updated DESC"))
+        """Every chat, pinned ones first, then most recently updated first (rows with `pinned` 0/1)."""
+        return list(self.db.query("SELECT * FROM conversations ORDER BY pinned DESC, updated DESC"))
+
+    def set_pinned(self, cid: str, pinned: bool) -> None:
+        self.db["conversations"].update(cid, {"pinned": int(bool(pinned))})
+
+    def chat_settings(self, cid: str) -> dict:
+        """{'system_prompt': str | None, 'sampling': dict} of chat `cid` (sampling: its overrides, maybe {})."""
+        row = self.db.execute("SELECT system_prompt, sampling FROM conversations WHERE id = ?", [cid]).fetchone()
+        if row is None:
+            return {"system_prompt": None, "sampling": {}}
+        try:
+            sampling = json.loads(row[1] or "{}")
+        except ValueError:
+            sampling = {}
+        return {"system_prompt": row[0] or None, "sampling": sampling if isinstance(sampling, dict) else {}}
+
+    def set_chat_settings(self, cid: str, *, system_prompt=KEEP, sampling=KEEP) -> None:
+        """Set chat `cid`'s system prompt (None or blank: the default) and/or sampling overrides (None: none);
+        an argument left out stays as it is. Values are stored as given (the app layer checks them)."""
+        fields = {}
+        if system_prompt is not KEEP:
+            fields["system_prompt"] = (system_prompt or "").strip() or None
+        if sampling is not KEEP:
+            fields["sampling"] = json.dumps(sampling) if sampling else None
+        if fields:
+            self.db["conversations"].update(cid, fields)
 
     def rename(self, cid: str, title: str) -> None:
         self.db["conversations"].update(cid, {"title": title.strip() or "Untitled"})
@@ -163,15 +227,84 @@ class ChatStore:
 
     # --- messages --------------------------------------------------------------------------------------
     def add_message(self, cid: str, role: str, content: str, *, thinking: str = "", status: str = "complete",
-                    meta: dict | None = None) -> int:
+                    meta: dict | None = None, parent_id=_LEAF, activate: bool = True) -> int:
+        """Add a message after `parent_id` (default: the end of the shown branch; None: a first message);
+        `activate`: it becomes the end of the shown branch (False: a sibling shown only once selected)."""
+        if parent_id is _LEAF:
+            parent_id = self.leaf(cid)
         row = {"conversation_id": cid, "role": role, "content": content, "thinking": thinking, "status": status,
-               "created": time.time(), "meta": json.dumps(meta or {})}
+               "created": time.time(), "meta": json.dumps(meta or {}), "parent_id": parent_id}
         mid = self.db["messages"].insert(row).last_pk
+        if activate:
+            self._activate(cid, mid)
         self.touch(cid)
         return mid
 
     def messages(self, cid: str) -> list[Message]:
+        """Every message of the chat, all branches, in creation order (`path` is the branch shown)."""
         return [_message(r) for r in self.db["messages"].rows_where("conversation_id = ?", [cid], order_by="id")]
+
+    # --- branches --------------------------------------------------------------------------------------
+    def leaf(self, cid: str) -> int | None:
+        """The end of the chat's shown branch (None: no messages)."""
+        row = self.db.execute("SELECT m.id FROM conversations c JOIN messages m ON m.id = c.active_leaf "
+                              "AND m.conversation_id = c.id WHERE c.id = ?", [cid]).fetchone()
+        return row[0] if row else self._descend(cid, None)
+
+    def path(self, cid: str) -> list[Message]:
+        """The shown branch, first message to last: at each fork the most recently selected child."""
+        leaf = self.leaf(cid)
+        return [] if leaf is None else [_message(r) for r in self.db.query(_PATH, [leaf])]
+
+    def siblings(self, mid: int) -> list[int]:
+        """Ids of the messages with the same parent and role as `mid` (itself included), oldest first."""
+        row = self.db.execute("SELECT conversation_id, parent_id, role FROM messages WHERE id = ?", [mid]).fetchone()
+        if row is None:
+            return []
+        return [r[0] for r in self.db.execute("SELECT id FROM messages WHERE conversation_id = ? AND parent_id IS ? "
+                                              "AND role = ? ORDER BY id", list(row))]
+
+    def select(self, cid: str, mid: int) -> None:
+        """Show the branch through `mid`: below it, at each fork, the most recently selected (else newest) child."""
+        self._activate(cid, self._descend(cid, mid))
+
+    def delete_branch(self, cid: str, mid: int) -> list[int]:
+        """Delete message `mid` and everything that follows it on any branch; when the shown branch went through
+        it, a sibling (the previous one, else the next) is shown instead, else its parent. Returns the ids gone."""
+        msg = self.db.execute("SELECT parent_id FROM messages WHERE id = ? AND conversation_id = ?",
+                              [mid, cid]).fetchone()
+        if msg is None:
+            return []
+        ids = [r[0] for r in self.db.execute(_DESCENDANTS, [mid])]
+        shown = self.leaf(cid) in ids
+        sibs = self.siblings(mid)
+        rest = [s for s in sibs if s != mid]
+        earlier = [s for s in rest if s < mid]
+        self.delete_messages(cid, ids)
+        if shown:
+            if rest:
+                self.select(cid, earlier[-1] if earlier else rest[0])
+            else:
+                self.db["conversations"].update(cid, {"active_leaf": msg[0]})
+        return ids
+
+    def _descend(self, cid: str, mid: int | None) -> int | None:
+        while True:
+            row = self.db.execute("SELECT id FROM messages WHERE conversation_id = ? AND parent_id IS ? "
+                                  "ORDER BY COALESCE(selected, 0) DESC, id DESC LIMIT 1", [cid, mid]).fetchone()
+            if row is None:
+                return mid
+            mid = row[0]
+
+    def _activate(self, cid: str, leaf: int | None) -> None:
+        """Make `leaf` the end of the shown branch and remember its messages as the selected ones at each fork."""
+        self.db["conversations"].update(cid, {"active_leaf": leaf})
+        if leaf is not None:
+            ids = [m["id"] for m in self.db.query(_PATH, [leaf])]
+            marks = ",".join("?" * len(ids))
+            turn = self.db.execute("SELECT COALESCE(MAX(selected), 0) + 1 FROM messages WHERE conversation_id = ?",
+                                   [cid]).fetchone()[0]  # a counter, not the clock: two selections never tie
+            self.db.execute(f"UPDATE messages SET selected = ? WHERE id IN ({marks})", [turn, *ids])
 
     def update_message(self, mid: int, **fields) -> None:
         if "meta" in fields:
@@ -179,15 +312,12 @@ class ChatStore:
         self.db["messages"].update(mid, fields)
 
     def delete_messages(self, cid: str, ids) -> None:
-        """Drop these messages of conversation `cid` (a reply replaced by a finished new one)."""
+        """Drop exactly these messages of conversation `cid` (e.g. an empty reply row; `delete_branch` also
+        drops what follows a message and keeps the shown branch valid)."""
         ids = list(ids)
         if ids:
             marks = ",".join("?" * len(ids))
             self.db["messages"].delete_where(f"conversation_id = ? AND id IN ({marks})", [cid, *ids])
-
-    def delete_messages_after(self, cid: str, mid: int) -> None:
-        """Drop message `mid` and everything after it (regenerate / edit-and-resend)."""
-        self.db["messages"].delete_where("conversation_id = ? AND id >= ?", [cid, mid])
 
     def search(self, text: str, limit: int = 50) -> list[dict]:
         """Full-text search over every chat's messages and thinking traces."""
@@ -213,9 +343,11 @@ class ChatStore:
 class ReplyWriter:
     """Writes one streaming reply: text and thinking appended in memory, flushed to disk at most every flush_s."""
 
-    def __init__(self, store: ChatStore, cid: str, meta: dict | None = None):
+    def __init__(self, store: ChatStore, cid: str, meta: dict | None = None, *, parent_id=_LEAF,
+                 activate: bool = True):
         self.store = store
-        self.id = store.add_message(cid, "assistant", "", status="streaming", meta=meta)
+        self.id = store.add_message(cid, "assistant", "", status="streaming", meta=meta, parent_id=parent_id,
+                                    activate=activate)
         self.content, self.thinking = "", ""
         self._last = time.monotonic()
 
@@ -240,9 +372,10 @@ class ReplyWriter:
 
 
 def export_markdown(store: ChatStore, cid: str) -> str:
+    """The shown branch as Markdown."""
     conv = store.db["conversations"].get(cid)
     out = [f"# {conv['title']}", ""]
-    for m in store.messages(cid):
+    for m in store.path(cid):
         out.append(f"## {'You' if m.role == 'user' else 'Ponder'}")
         if m.thinking:
             out += ["", "<details><summary>Thinking</summary>", "", m.thinking, "", "</details>"]
@@ -251,8 +384,15 @@ def export_markdown(store: ChatStore, cid: str) -> str:
 
 
 def export_json(store: ChatStore, cid: str) -> str:
+    """`messages`: the shown branch; `all_messages`: every branch (each with its `id` and `parent_id`)."""
     conv = store.db["conversations"].get(cid)
-    msgs = [{"role": m.role, "content": m.content, "thinking": m.thinking, "status": m.status, "created": m.created,
-             "meta": m.meta} for m in store.messages(cid)]
-    return json.dumps({"title": conv["title"], "created": conv["created"], "messages": msgs}, indent=2,
-                      ensure_ascii=False)
+
+    def row(m: Message, ids: bool) -> dict:
+        out = {"role": m.role, "content": m.content, "thinking": m.thinking, "status": m.status,
+               "created": m.created, "meta": m.meta}
+        return {"id": m.id, "parent_id": m.parent_id, **out} if ids else out
+
+    settings = store.chat_settings(cid)
+    return json.dumps({"title": conv["title"], "created": conv["created"], "system_prompt": settings["system_prompt"],
+                       "sampling": settings["sampling"], "messages": [row(m, False) for m in store.path(cid)],
+                       "all_messages": [row(m, True) for m in store.messages(cid)]}, indent=2, ensure_ascii=False)
