@@ -20,6 +20,7 @@ LIGHT = {"text": "#1f2328", "muted": "#57606a", "link": "#0969da", "code_bg": "#
          "border": "#d0d7de", "inline_bg": "#eff1f3", "th_bg": "#f6f8fa", "quote": "#57606a", "pygments": "default"}
 DARK = {"text": "#e6edf3", "muted": "#8b949e", "link": "#58a6ff", "code_bg": "#161b22", "code_head": "#21262d",
         "border": "#30363d", "inline_bg": "#2d333b", "th_bg": "#1c2128", "quote": "#8b949e", "pygments": "github-dark"}
+_HALF_CLOSED = re.compile(r"\$\$[^$]+\$\Z")
 MONO = "'JetBrains Mono', 'Cascadia Mono', 'DejaVu Sans Mono', Menlo, Consolas, monospace"
 
 
@@ -31,25 +32,6 @@ class Rendered:
 
 
 # ---- math syntax: \( \) \[ \] and \boxed{} inline, $$ / \[ blocks that may interrupt a paragraph ----
-
-def _closing_brace(src: str, start: int) -> int:
-    """Index of the brace closing the one at `start`, or -1."""
-    depth = 0
-    i = start
-    while i < len(src):
-        c = src[i]
-        if c == "\\":
-            i += 2
-            continue
-        if c == "{":
-            depth += 1
-        elif c == "}":
-            depth -= 1
-            if depth == 0:
-                return i
-        i += 1
-    return -1
-
 
 def _math_inline(state, silent: bool) -> bool:
     src, pos = state.src, state.pos
@@ -70,7 +52,7 @@ def _math_inline(state, silent: bool) -> bool:
         state.pos = end + 2
         return True
     if src.startswith("\\boxed{", pos):
-        end = _closing_brace(src, pos + 6)
+        end = math_render.closing_brace(src, pos + 6)
         if end < 0 or not src[pos + 7:end].strip():
             return False
         if not silent:
@@ -195,33 +177,10 @@ def code_block(code: str, lang: str, colours: dict, key: str | None) -> str:
             f'<pre style="margin:0; font-family:{MONO}; color:{c["text"]}">{body}</pre></td></tr></table>\n')
 
 
-def split_boxed(tex: str) -> list[tuple[str, bool]]:
-    """The formula cut at its top-level `\\boxed{…}` groups: [(tex, boxed)], each drawn as its own image.
-    A `\\boxed` nested in braces is not cut (the caller frames the whole formula)."""
-    parts, depth, i, last = [], 0, 0, 0
-    while i < len(tex):
-        c = tex[i]
-        if c == "\\" and depth == 0 and tex.startswith("\\boxed{", i):
-            end = _closing_brace(tex, i + 6)
-            if end < 0:
-                break
-            parts.append((tex[last:i], False))
-            parts.append((tex[i + 7:end], True))
-            i = last = end + 1
-            continue
-        if c == "\\":
-            i += 2
-            continue
-        depth += c == "{"
-        depth -= c == "}"
-        i += 1
-    parts.append((tex[last:], False))
-    return [(t, b) for t, b in parts if t.strip()]
-
-
 class _Env:
-    def __init__(self, dark: bool, key_prefix: str, streaming: bool, open_fence: int | None):
+    def __init__(self, dark: bool, key_prefix: str, streaming: bool, open_fence: int | None, font_px: int):
         self.dark, self.key_prefix, self.streaming, self.open_fence = dark, key_prefix, streaming, open_fence
+        self.font_px = font_px
         self.colours = DARK if dark else LIGHT
         self.images: dict[str, QImage] = {}
         self.code_blocks: dict[str, str] = {}
@@ -233,30 +192,60 @@ class _Env:
         return (f'<img src="{url}" width="{round(size.width())}" height="{round(size.height())}" '
                 f'style="vertical-align: middle" />')
 
-    def math(self, tex: str, display: bool, source: str) -> str:
-        """Images for the formula (its \\boxed parts framed), or its source as code when mathtext can't."""
+    def formula(self, tex: str, display: bool) -> str | None:
+        """Image tags for one formula (its top-level \\boxed parts framed), None when mathtext can't set it."""
         tags = []
-        for part, boxed in split_boxed(tex) or [(tex, False)]:
-            img = math_render.math_image(part, display=display, dark=self.dark, boxed=boxed)
+        for part, boxed in math_render.split_boxed(tex) or [(tex, False)]:
+            img = math_render.math_image(part, display=display, dark=self.dark, boxed=boxed, font_px=self.font_px)
             if img is None:
                 tags = None
                 break
-            tags.append(self.image_tag(img, (part, display, self.dark, boxed)))
+            tags.append(self.image_tag(img, (part, display, self.dark, boxed, self.font_px)))
         if tags is None and "\\boxed" in tex:  # nested \boxed, or a part that is no formula alone: frame it all
             whole = tex.replace("\\boxed{", "{")
-            img = math_render.math_image(whole, display=display, dark=self.dark, boxed=True)
-            tags = [self.image_tag(img, (whole, display, self.dark, True))] if img is not None else None
-        if tags is None:
-            return self.code(source)
-        return "&#8202;".join(tags)
+            img = math_render.math_image(whole, display=display, dark=self.dark, boxed=True, font_px=self.font_px)
+            tags = [self.image_tag(img, (whole, display, self.dark, True, self.font_px))] if img is not None else None
+        return "&#8202;".join(tags) if tags is not None else None
+
+    def math(self, tex: str, display: bool, source: str) -> str:
+        """Inline math: its images, or its source as code."""
+        return self.formula(tex, display) or self.code(source)
+
+    def display(self, tex: str, source: str) -> str:
+        """A display formula as a centred block; multi-line ones (align, gather, `\\\\` rows) as a table of
+        rows aligned at their first `&`; the source as a code block when mathtext can't set it."""
+        rows = math_render.split_rows(tex)
+        if rows is None:
+            inner = self.formula(tex, True)
+            if inner is not None:
+                return f'<p align="center" style="margin-top:6px; margin-bottom:6px">{inner}</p>\n'
+        else:
+            aligned = any(len(r) > 1 for r in rows)
+            cells = []
+            for row in rows:
+                parts = [row[0], " ".join(row[1:])] if aligned else [row[0]]
+                tags = ["" if not p.strip() else self.formula(p, True) for p in parts]
+                if any(t is None for t in tags):
+                    cells = None
+                    break
+                cells.append(tags)
+            if cells is not None:
+                trs = "".join(
+                    f'<tr><td align="right" valign="middle">{row[0]}</td><td valign="middle">{row[1]}</td></tr>'
+                    if aligned else f'<tr><td align="center" valign="middle">{row[0]}</td></tr>' for row in cells)
+                return (f'<table align="center" border="0" cellspacing="0" cellpadding="1" '
+                        f'style="margin-top:6px; margin-bottom:6px">{trs}</table>\n')
+        c = self.colours
+        return (f'<pre style="font-family:{MONO}; background-color:{c["inline_bg"]}; color:{c["text"]}">'
+                f'{esc(source)}</pre>\n')
 
     def boxed_prose(self, source: str) -> str:
         inner = source[len("\\boxed{"):-1].strip()
         tex = inner.strip("$") if inner.startswith("$") and inner.endswith("$") else inner
-        img = math_render.math_image(tex, display=False, dark=self.dark, boxed=True)
+        img = math_render.math_image(tex, display=False, dark=self.dark, boxed=True, font_px=self.font_px)
         if img is None:
-            img = math_render.text_box_image(inner, dark=self.dark)
-        return self.image_tag(img, ("boxed-prose", inner, self.dark))
+            img = math_render.text_box_image(inner, dark=self.dark, font_px=self.font_px)
+        return self.image_tag(img, ("boxed-prose", inner, self.dark, self.font_px))
 
     def code(self, text: str) -> str:
         c = self.colours
@@ -292,8 +281,7 @@ def _math_inline_rule(self, tokens, idx, options, env: _Env) -> str:
 def _math_block_rule(self, tokens, idx, options, env: _Env) -> str:
     tok = tokens[idx]
     closing = "$$" if tok.markup == "$$" else "\\]"
-    inner = env.math(tok.content.strip(), True, f"{tok.markup}{tok.content}{closing}")
-    return f'<p align="center" style="margin-top:6px; margin-bottom:6px">{inner}</p>\n'
+    return env.display(tok.content.strip(), f"{tok.markup}{tok.content}{closing}")
 
 
 def _image(self, tokens, idx, options, env: _Env) -> str:
@@ -361,12 +349,16 @@ def open_fence_line(text: str) -> int | None:
     return at if fence is not None else None
 
 
-def render_markdown(text: str, *, dark: bool = False, key_prefix: str = "", streaming: bool = False) -> Rendered:
+def render_markdown(text: str, *, dark: bool = False, key_prefix: str = "", streaming: bool = False,
+                    font_px: int = 15) -> Rendered:
     """One message as Qt rich text. `key_prefix` makes the copy keys unique in the transcript (keys are
     `<key_prefix><n>`, n from 0 in order). `streaming`: a code fence still open at the end is shown plain,
-    without highlighting or Copy; math, `\\boxed` and `\\[` that have not closed yet stay text."""
+    without highlighting or Copy; math, `\\boxed` and `\\[` that have not closed yet stay text. `font_px`: the
+    body text's pixel size, which formulas are set to match."""
     md = _parser()
-    env = _Env(dark, key_prefix, streaming, open_fence_line(text) if streaming else None)
+    if streaming and _HALF_CLOSED.search(text):
+        text = text[:-1]  # "$$x = 1$": the second "$" is on its way; not an inline "$x = 1$" for one frame
+    env = _Env(dark, key_prefix, streaming, open_fence_line(text) if streaming else None, font_px)
     tokens = md.parse(text, {})
     body = md.renderer.render(tokens, md.options, env)
     return Rendered(html=body, images=env.images, code_blocks=env.code_blocks)

@@ -1,6 +1,7 @@
 """TeX → QImage for the transcript: matplotlib's mathtext (Agg rasteriser, offline), coloured for the light or
 dark palette, optionally framed (`\\boxed`), cached in an LRU. matplotlib is imported on the first formula only,
-so starting the app does not pay for it. What mathtext cannot parse gives None (the caller shows the source)."""
+so starting the app does not pay for it. What mathtext cannot parse gives None (the caller shows the source).
+Also the TeX-level cuts mathtext cannot make itself: top-level `\\boxed{…}` parts and multi-line rows."""
 from __future__ import annotations
 
 import re
@@ -11,6 +12,7 @@ from PySide6.QtCore import QRectF, Qt
 from PySide6.QtGui import QColor, QFont, QFontMetricsF, QGuiApplication, QImage, QPainter, QPen
 
 CACHE_SIZE = 512
+MAX_TEX = 2000  # longer "formulas" are shown as source (mathtext time grows with length)
 DISPLAY_SCALE = 1.2
 LIGHT = {"text": "#1f2328", "box": "#2f81f7", "box_bg": "#eef4ff"}
 DARK = {"text": "#e6edf3", "box": "#58a6ff", "box_bg": "#1b2a3f"}
@@ -52,6 +54,70 @@ def normalize(tex: str) -> str:
     return tex.strip()
 
 
+_ROWS_ENV = re.compile(r"\\begin\{(align|aligned|alignat|eqnarray|gather|gathered|split|equation|multline)(\*?)\}"
+                       r"(?:\{\d+\})?(.*)\\end\{\1\2\}", re.S)
+_ROW_BREAK = re.compile(r"\\\\(?:\[[^\]]*\])?")
+_NO_NUMBER = re.compile(r"\\(?:nonumber|notag)(?![A-Za-z])|\\label\{[^{}]*\}")
+
+
+def split_rows(tex: str) -> list[list[str]] | None:
+    """A multi-line display (`align`, `aligned`, `gather`, … or rows split by `\\\\`) as rows of `&` cells,
+    which mathtext cannot lay out itself; None for a single-line formula."""
+    m = _ROWS_ENV.fullmatch(tex.strip())
+    if m:
+        body = m.group(3)
+    elif "\\\\" in tex and "\\begin" not in tex:
+        body = tex
+    else:
+        return None
+    rows = [_NO_NUMBER.sub("", row) for row in _ROW_BREAK.split(body)]
+    rows = [re.split(r"(?<!\\)&", row) for row in rows if row.strip()]
+    return rows or None
+
+
+def closing_brace(src: str, start: int) -> int:
+    """Index of the brace closing the one at `start`, or -1."""
+    depth = 0
+    i = start
+    while i < len(src):
+        c = src[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                return i
+        i += 1
+    return -1
+
+
+def split_boxed(tex: str) -> list[tuple[str, bool]]:
+    """The formula cut at its top-level `\\boxed{…}` groups: [(tex, boxed)], each drawn as its own image.
+    A `\\boxed` nested in braces is not cut (the caller frames the whole formula)."""
+    parts, depth, i, last = [], 0, 0, 0
+    while i < len(tex):
+        c = tex[i]
+        if c == "\\" and depth == 0 and tex.startswith("\\boxed{", i):
+            end = closing_brace(tex, i + 6)
+            if end < 0:
+                break
+            parts.append((tex[last:i], False))
+            parts.append((tex[i + 7:end], True))
+            i = last = end + 1
+            continue
+        if c == "\\":
+            i += 2
+            continue
+        depth += c == "{"
+        depth -= c == "}"
+        i += 1
+    parts.append((tex[last:], False))
+    return [(t, b) for t, b in parts if t.strip()]
+
+
 def _mathtext():
     global _parser
     if _parser is None:
@@ -72,6 +138,8 @@ def _raster(tex: str, px: float, ratio: float, display: bool = False):
     from matplotlib.font_manager import FontProperties
 
     tex = normalize(tex)
+    if len(tex) > MAX_TEX:
+        return None
     if display:
         tex = _DISPLAY_FRAC.sub(r"\\dfrac", tex)
     if not tex or "$" in tex:

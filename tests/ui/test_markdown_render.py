@@ -10,7 +10,8 @@ from PySide6.QtCore import Qt, QUrl
 from PySide6.QtGui import QColor, QTextDocument, QTextTable
 
 from ui import math_render
-from ui.markdown_render import open_fence_line, render_markdown, split_boxed
+from ui.markdown_render import open_fence_line, render_markdown
+from ui.math_render import split_boxed
 
 
 @pytest.fixture(autouse=True)
@@ -134,11 +135,11 @@ def test_nested_boxed_frames_the_whole_formula():
 
 
 def test_broken_formula_falls_back_to_source():
-    r = render_markdown("Bad $\\frac{1}{2$ and\n\n$$\n\\begin{align} a &= b \\\\ c &= d \\end{align}\n$$\n")
+    r = render_markdown("Bad $\\frac{1}{2$ and\n\n$$\n\\begin{array}{cc} a &= b \\\\ c &= d \\end{array}\n$$\n")
     doc = document(r)
     text = doc.toPlainText()
     assert "$\\frac{1}{2$" in text
-    assert "\\begin{align} a &= b" in text
+    assert "\\begin{array}{cc} a &= b" in text
     assert not r.images
     assert math_render.math_image("\\frac{1}{", display=False, dark=False) is None
 
@@ -235,3 +236,53 @@ def test_importing_the_renderer_does_not_import_matplotlib():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env={**__import__("os").environ, "QT_QPA_PLATFORM": "offscreen"})
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr
+
+
+def test_multiline_display_is_a_table_of_rows_aligned_at_the_ampersand():
+    src = "$$\n\\begin{align*}\nx + 1 &= 3 \\\\\nx &= 2 \\nonumber\n\\end{align*}\n$$\n\nand\n\n\\[ a \\\\ b \\]\n"
+    r = render_markdown(src)
+    doc = document(r)
+    tables = [f for f in doc.rootFrame().childFrames() if isinstance(f, QTextTable)]
+    assert [(t.rows(), t.columns()) for t in tables] == [(2, 2), (2, 1)]
+    assert len(image_names(doc)) == 6 and "align" not in doc.toPlainText()
+    left = tables[0].cellAt(0, 0).firstCursorPosition().blockFormat().alignment()
+    assert left & Qt.AlignmentFlag.AlignRight
+
+
+def test_unsupported_environment_falls_back_to_a_source_block():
+    src = "$$\n\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}\n$$\n"
+    r = render_markdown(src)
+    doc = document(r)
+    assert not r.images and "\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}" in doc.toPlainText()
+
+
+def test_half_closed_display_dollars_do_not_flash_inline_math():
+    assert not render_markdown("Then $$x = 1$", streaming=True).images
+    assert len(render_markdown("Then $$x = 1$$", streaming=True).images) == 1
+
+
+def test_high_dpi_images_keep_their_layout_size(monkeypatch):
+    one = math_render.math_image("\\int_0^1 f", display=False, dark=False)
+    monkeypatch.setattr(math_render, "_ratio", lambda: 2.0)
+    two = math_render.math_image("\\int_0^1 f", display=False, dark=False)
+    assert two.devicePixelRatio() == 2.0 and two.width() > 1.7 * one.width()
+    assert abs(two.deviceIndependentSize().width() - one.width()) <= 2
+    r = render_markdown("$\\int_0^1 f$")
+    assert f'width="{round(two.deviceIndependentSize().width())}"' in r.html
+
+
+@pytest.mark.parametrize("text", [
+    "", "$", "$$", "\\[", "\\(", "\\boxed{", "\\boxed{}", "```", "~~~\n", "$x$$", "$$$$", "\\[\\]", "\\(\\)",
+    "| a |\n|---|\n| $x$ |", "> $$\n> x\n> $$", "- \\[\n  x\n  \\]", "$\\frac{" + "{" * 50 + "$", "\\boxed{\\boxed{1}}",
+    "$a$" * 200, "x" * 20000, "```py\n" + "<&>" * 1000, "$" + "x+" * 2000 + "1$",
+])
+def test_odd_input_never_raises(text):
+    for streaming in (False, True):
+        r = render_markdown(text, streaming=streaming)
+        document(r).toPlainText()
+
+
+def test_formulas_follow_the_font_size():
+    small, large = render_markdown("$x^2$", font_px=12), render_markdown("$x^2$", font_px=24)
+    (s,), (g,) = small.images.values(), large.images.values()
+    assert g.height() > 1.6 * s.height() and set(small.images) != set(large.images)
