@@ -1,6 +1,6 @@
-"""Settings: defaults for new messages (mode, budget, parallel answers), sampling, threads, theme, the local
-OpenAI server switch, and where Ponder keeps its data. Edits an `app.settings.AppSettings`; persisting and
-applying it is the window's job."""
+"""Settings: defaults for new messages (mode, budget, parallel answers), sampling, threads, theme, text size,
+Enter-to-send, the local OpenAI server switch, and where Ponder keeps its data. Edits an
+`app.settings.AppSettings`; persisting and applying it is the window's job."""
 from __future__ import annotations
 
 import os
@@ -26,7 +26,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.settings import AppSettings
+from app.settings import FONT_SIZES, AppSettings
 
 from .composer import BUDGETS, MODE_LABELS
 
@@ -64,6 +64,10 @@ class SettingsDialog(QDialog):
         self.threads = QSpinBox(minimum=0, maximum=max(1, os.cpu_count() or 1))
         self.threads.setSpecialValueText(f"automatic ({psutil.cpu_count(logical=False) or 1} physical cores)")
         self.theme = _combo(THEME_LABELS)
+        self.font_size = QSpinBox(minimum=FONT_SIZES[0], maximum=FONT_SIZES[1], suffix=" pt")
+        self.font_size.setToolTip("Text size of the chat and the message box (also Ctrl+= / Ctrl+− / Ctrl+0)")
+        self.enter_sends = QCheckBox("Enter sends the message (Shift+Enter for a new line)")
+        self.enter_sends.setToolTip("Off: Enter starts a new line. Ctrl+Enter sends either way.")
         self.serve = QCheckBox("Serve the OpenAI API on 127.0.0.1:")
         self.serve.setToolTip("Other programs on this computer can use the model through /v1/chat/completions; "
                               "their requests and yours take turns on the one engine.")
@@ -76,6 +80,7 @@ class SettingsDialog(QDialog):
         defaults.addRow("Reasoning mode", self.mode)
         defaults.addRow("Thinking budget", self.budget)
         defaults.addRow("Parallel answers", self.parallel)
+        defaults.addRow("", self.enter_sends)
         sampling = QFormLayout()
         sampling.addRow("Temperature (one answer)", self.temperature)
         sampling.addRow("Temperature (parallel answers)", self.parallel_temperature)
@@ -86,6 +91,7 @@ class SettingsDialog(QDialog):
         system = QFormLayout()
         system.addRow("Compute threads", self.threads)
         system.addRow("Theme", self.theme)
+        system.addRow("Text size", self.font_size)
         server = QHBoxLayout()
         server.addWidget(self.serve)
         server.addWidget(self.serve_port, 1)
@@ -129,6 +135,8 @@ class SettingsDialog(QDialog):
         self.answer_max_tokens.setValue(s.answer_max_tokens)
         self.threads.setValue(min(s.threads, self.threads.maximum()))
         self.theme.setCurrentIndex(self.theme.findData(s.theme))
+        self.font_size.setValue(s.font_size)
+        self.enter_sends.setChecked(s.enter_sends)
         self.serve.setChecked(s.serve)
         self.serve_port.setValue(s.serve_port)
         self.serve_port.setEnabled(s.serve)
@@ -142,7 +150,8 @@ class SettingsDialog(QDialog):
                        repetition_penalty=round(self.repetition_penalty.value(), 2),
                        answer_max_tokens=self.answer_max_tokens.value(), threads=self.threads.value(),
                        theme=self.theme.currentData(), serve=self.serve.isChecked(),
-                       serve_port=self.serve_port.value())
+                       serve_port=self.serve_port.value(), font_size=self.font_size.value(),
+                       enter_sends=self.enter_sends.isChecked())
 
     @classmethod
     def ask(cls, parent, settings: AppSettings, data_dir: Path) -> AppSettings | None:

@@ -1,8 +1,77 @@
-"""Conversation sidebar: new chat, the list of chats, full-text search, and per-chat actions."""
+"""Conversation sidebar: new chat, the list of chats (pinned ones on top, then grouped Today / Yesterday /
+Previous 7 days / Older, titles elided to the width — never a horizontal scrollbar), full-text search, and
+per-chat actions (pin, rename, export, delete).
+
+The list holds one item per chat (its text is the title); a group's heading is drawn by the item delegate
+above the group's first item, so `list.count()` and `list.item(i).text()` stay about chats only."""
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QLineEdit, QListWidget, QListWidgetItem, QMenu, QPushButton, QVBoxLayout, QWidget
+import time
+from datetime import datetime, timedelta
+
+from PySide6.QtCore import QRect, QSize, Qt, Signal
+from PySide6.QtGui import QFont, QPalette
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QLineEdit,
+    QListWidget,
+    QListWidgetItem,
+    QMenu,
+    QPushButton,
+    QStyledItemDelegate,
+    QVBoxLayout,
+    QWidget,
+)
+
+GROUP_ROLE = Qt.ItemDataRole.UserRole + 1
+"""The heading drawn above an item that starts a group ('Pinned', 'Today', …), or None."""
+PINNED_ROLE = Qt.ItemDataRole.UserRole + 2
+GROUPS = ("Pinned", "Today", "Yesterday", "Previous 7 days", "Older")
+HEADING_PX = 26
+
+
+def date_group(updated: float, now: float | None = None) -> str:
+    """'Today', 'Yesterday', 'Previous 7 days' or 'Older' for a chat last updated at `updated` (epoch s)."""
+    today = datetime.fromtimestamp(now if now is not None else time.time()).date()
+    day = datetime.fromtimestamp(updated).date()
+    if day >= today:
+        return "Today"
+    if day == today - timedelta(days=1):
+        return "Yesterday"
+    if day >= today - timedelta(days=7):
+        return "Previous 7 days"
+    return "Older"
+
+
+def grouped(conversations: list[dict], now: float | None = None) -> list[tuple[str, dict]]:
+    """(group, chat) in display order: pinned first, then by date group, most recently updated first."""
+    rows = [("Pinned" if c.get("pinned") else date_group(c.get("updated") or 0, now), c) for c in conversations]
+    return sorted(rows, key=lambda r: (GROUPS.index(r[0]), -(r[1].get("updated") or 0)))
+
+
+class GroupDelegate(QStyledItemDelegate):
+    """Draws an item's group heading (when it starts a group) above the normal, elided item."""
+
+    def sizeHint(self, option, index):
+        size = super().sizeHint(option, index)
+        return QSize(size.width(), size.height() + (HEADING_PX if index.data(GROUP_ROLE) else 0))
+
+    def paint(self, painter, option, index):
+        heading = index.data(GROUP_ROLE)
+        if not heading:
+            return super().paint(painter, option, index)
+        top = QRect(option.rect.left() + 8, option.rect.top() + 6, option.rect.width() - 16, HEADING_PX - 6)
+        painter.save()
+        font = QFont(option.font)
+        font.setPointSizeF(max(6.0, font.pointSizeF() * 0.85))
+        font.setWeight(QFont.Weight.DemiBold)
+        painter.setFont(font)
+        painter.setPen(option.palette.color(QPalette.ColorRole.PlaceholderText))
+        painter.drawText(top, Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter, heading)
+        painter.restore()
+        item = type(option)(option)
+        item.rect = option.rect.adjusted(0, HEADING_PX, 0, 0)
+        super().paint(painter, item, index)
 
 
 class Sidebar(QWidget):
@@ -12,17 +81,29 @@ class Sidebar(QWidget):
     deleteRequested = Signal(str)
     exportRequested = Signal(str, str)
     """(conversation id, 'md' or 'json')"""
+    pinRequested = Signal(str, bool)
+    """(conversation id, pinned)"""
     searchChanged = Signal(str)
 
     def __init__(self, parent=None):
         super().__init__(parent)
-        self.new_button = QPushButton("+ New chat")
+        self.new_button = QPushButton("＋  New chat")
+        self.new_button.setToolTip("Start a new chat (Ctrl+N)")
         self.search = QLineEdit(placeholderText="Search all chats…")
         self.search.setClearButtonEnabled(True)
         self.list = QListWidget()
         self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
+        self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.list.setTextElideMode(Qt.TextElideMode.ElideRight)
+        self.list.setWordWrap(False)
+        self.list.setUniformItemSizes(False)
+        self.list.setVerticalScrollMode(QAbstractItemView.ScrollMode.ScrollPerPixel)
+        self.list.setItemDelegate(GroupDelegate(self.list))
+        self.list.setAccessibleName("Chats")
+        self.setMinimumWidth(180)
         layout = QVBoxLayout(self)
-        layout.setContentsMargins(0, 0, 0, 0)
+        layout.setContentsMargins(8, 8, 4, 8)
+        layout.setSpacing(8)
         layout.addWidget(self.new_button)
         layout.addWidget(self.search)
         layout.addWidget(self.list, 1)
@@ -31,11 +112,17 @@ class Sidebar(QWidget):
         self.list.itemClicked.connect(lambda item: self.selected.emit(item.data(Qt.ItemDataRole.UserRole)))
         self.list.customContextMenuRequested.connect(self._menu)
 
-    def show_conversations(self, conversations: list[dict], current: str | None) -> None:
+    def show_conversations(self, conversations: list[dict], current: str | None, now: float | None = None) -> None:
+        """The chats, pinned first then by date group; `now` (epoch s) is for tests."""
         self.list.clear()
-        for c in conversations:
+        previous = None
+        for group, c in grouped(conversations, now):
             item = QListWidgetItem(c["title"])
             item.setData(Qt.ItemDataRole.UserRole, c["id"])
+            item.setData(PINNED_ROLE, bool(c.get("pinned")))
+            item.setData(GROUP_ROLE, group if group != previous else None)
+            item.setToolTip(c["title"])
+            previous = group
             self.list.addItem(item)
             if c["id"] == current:
                 self.list.setCurrentItem(item)
@@ -45,17 +132,33 @@ class Sidebar(QWidget):
         for h in hits:
             item = QListWidgetItem(f"{h['title']}\n  {h['snippet']}")
             item.setData(Qt.ItemDataRole.UserRole, h["conversation_id"])
+            item.setToolTip(h["title"])
             self.list.addItem(item)
+
+    def groups(self) -> list[tuple[str, list[str]]]:
+        """What the list shows: (heading, [titles]) in order."""
+        out: list[tuple[str, list[str]]] = []
+        for i in range(self.list.count()):
+            item = self.list.item(i)
+            if item.data(GROUP_ROLE) or not out:
+                out.append((item.data(GROUP_ROLE) or "", []))
+            out[-1][1].append(item.text())
+        return out
 
     def _menu(self, pos) -> None:
         item = self.list.itemAt(pos)
         if item is None:
             return
-        cid = item.data(Qt.ItemDataRole.UserRole)
+        self.context_menu(item).popup(self.list.mapToGlobal(pos))
+
+    def context_menu(self, item: QListWidgetItem) -> QMenu:
+        cid, pinned = item.data(Qt.ItemDataRole.UserRole), item.data(PINNED_ROLE)
         menu = QMenu(self)
+        if pinned is not None:  # a chat row (not a search hit)
+            menu.addAction("Unpin" if pinned else "Pin to top", lambda: self.pinRequested.emit(cid, not pinned))
         menu.addAction("Rename…", lambda: self.renameRequested.emit(cid))
         menu.addAction("Export as Markdown…", lambda: self.exportRequested.emit(cid, "md"))
         menu.addAction("Export as JSON…", lambda: self.exportRequested.emit(cid, "json"))
         menu.addSeparator()
         menu.addAction("Delete", lambda: self.deleteRequested.emit(cid))
-        menu.popup(self.list.mapToGlobal(pos))
+        return menu

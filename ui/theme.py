@@ -1,21 +1,96 @@
-"""Light and dark themes on Qt's Fusion style. 'system' follows the OS colour scheme, also when it changes
-while Ponder runs; 'light'/'dark' force one. Explicit palettes, so every platform (offscreen included)
-gets the same colours."""
+"""Light and dark themes: Qt's Fusion style, an explicit palette and one app-wide stylesheet (spacing, rounded
+inputs, buttons, lists and cards, hairline rules in a soft colour — never black, and never white in the dark
+theme). 'system' follows the OS colour scheme, also when it changes while Ponder runs; 'light'/'dark' force
+one. Explicit palettes, so every platform (offscreen included) gets the same colours.
+
+Widgets opt into the shell's looks by object name: `primary` (the main button), `card` (a clickable card),
+`muted` (secondary text), `chip` (a compact control), `chatHeader`, `welcome`."""
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import QApplication
 
+R = QPalette.ColorRole
 DARK = {
-    QPalette.ColorRole.Window: "#202124", QPalette.ColorRole.WindowText: "#e8eaed",
-    QPalette.ColorRole.Base: "#17181a", QPalette.ColorRole.AlternateBase: "#26272b",
-    QPalette.ColorRole.Text: "#e8eaed", QPalette.ColorRole.Button: "#2b2c30",
-    QPalette.ColorRole.ButtonText: "#e8eaed", QPalette.ColorRole.Highlight: "#4f7dd9",
-    QPalette.ColorRole.HighlightedText: "#ffffff", QPalette.ColorRole.Link: "#8ab4f8",
-    QPalette.ColorRole.ToolTipBase: "#2b2c30", QPalette.ColorRole.ToolTipText: "#e8eaed",
-    QPalette.ColorRole.PlaceholderText: "#9aa0a6", QPalette.ColorRole.BrightText: "#ff6b6b",
+    R.Window: "#202124", R.WindowText: "#e8eaed", R.Base: "#17181a", R.AlternateBase: "#26272b",
+    R.Text: "#e8eaed", R.Button: "#2b2c30", R.ButtonText: "#e8eaed", R.Highlight: "#4f7dd9",
+    R.HighlightedText: "#ffffff", R.Link: "#8ab4f8", R.ToolTipBase: "#2b2c30", R.ToolTipText: "#e8eaed",
+    R.PlaceholderText: "#9aa0a6", R.BrightText: "#ff6b6b",
+    # the roles Fusion draws bevels, frames and rules with: left at their defaults they are white / black
+    R.Light: "#3a3c41", R.Midlight: "#313337", R.Mid: "#2a2b2f", R.Dark: "#1b1c1f", R.Shadow: "#111214",
 }
+LIGHT = {R.Highlight: "#3b6fd8", R.Link: "#2f5fc4", R.Shadow: "#9aa0a6", R.Dark: "#b9bcc2"}
+
+COLOURS = {
+    "light": {"window": "#f7f7f8", "base": "#ffffff", "surface": "#ffffff", "raised": "#f1f2f4",
+              "border": "#dcdde1", "hover": "#eceef1", "selected": "#dbe6fb", "text": "#1f2328",
+              "muted": "#6b7280", "accent": "#3b6fd8", "on_accent": "#ffffff", "scroll": "#c4c7cc"},
+    "dark": {"window": "#202124", "base": "#17181a", "surface": "#26272b", "raised": "#2b2c30",
+             "border": "#3a3c41", "hover": "#303236", "selected": "#2d3f63", "text": "#e8eaed",
+             "muted": "#9aa0a6", "accent": "#4f7dd9", "on_accent": "#ffffff", "scroll": "#4a4d53"},
+}
+
+STYLESHEET = """
+QMainWindow, QDialog {{ background: {window}; }}
+QSplitter::handle {{ background: {border}; }}
+QSplitter::handle:horizontal {{ width: 1px; }}
+QSplitter::handle:vertical {{ height: 1px; }}
+QLineEdit, QPlainTextEdit, QTextEdit, QSpinBox, QDoubleSpinBox, QComboBox {{
+    border: 1px solid {border}; border-radius: 8px; padding: 4px 8px; background: {base}; color: {text};
+    selection-background-color: {accent}; selection-color: {on_accent}; }}
+QLineEdit:focus, QPlainTextEdit:focus, QTextEdit:focus, QSpinBox:focus, QDoubleSpinBox:focus,
+QComboBox:focus {{ border: 1px solid {accent}; }}
+QComboBox::drop-down {{ border: none; width: 18px; }}
+QComboBox QAbstractItemView {{ border: 1px solid {border}; background: {surface}; color: {text};
+    selection-background-color: {selected}; selection-color: {text}; outline: 0; }}
+QPushButton, QToolButton {{ border: 1px solid {border}; border-radius: 8px; padding: 5px 12px;
+    background: {surface}; color: {text}; }}
+QPushButton:hover, QToolButton:hover {{ background: {hover}; }}
+QPushButton:pressed, QToolButton:pressed {{ background: {selected}; }}
+QPushButton:disabled, QToolButton:disabled {{ color: {muted}; }}
+QPushButton#primary {{ background: {accent}; color: {on_accent}; border: 1px solid {accent}; }}
+QPushButton#primary:disabled {{ background: {raised}; color: {muted}; border: 1px solid {border}; }}
+QToolButton#chip {{ border-radius: 12px; padding: 2px 10px; }}
+QListWidget, QTreeWidget, QTableWidget, QTableView, QListView, QTextBrowser {{
+    border: 1px solid {border}; border-radius: 8px; background: {base}; color: {text}; outline: 0; }}
+QListWidget::item {{ padding: 6px 8px; border-radius: 6px; }}
+QListWidget::item:hover {{ background: {hover}; }}
+QListWidget::item:selected {{ background: {selected}; color: {text}; }}
+QHeaderView::section {{ background: {raised}; color: {text}; border: none; border-bottom: 1px solid {border};
+    padding: 4px 8px; }}
+QTableCornerButton::section {{ background: {raised}; border: none; }}
+QGroupBox {{ border: 1px solid {border}; border-radius: 8px; margin-top: 14px; padding: 10px 8px 8px 8px; }}
+QGroupBox::title {{ subcontrol-origin: margin; left: 10px; padding: 0 4px; color: {muted}; }}
+QTabWidget::pane {{ border: 1px solid {border}; border-radius: 8px; top: -1px; }}
+QTabBar::tab {{ padding: 6px 14px; border: 1px solid transparent; border-top-left-radius: 8px;
+    border-top-right-radius: 8px; color: {muted}; }}
+QTabBar::tab:selected {{ border: 1px solid {border}; border-bottom-color: {window}; color: {text}; }}
+QMenuBar {{ background: {window}; border-bottom: 1px solid {border}; }}
+QMenuBar::item {{ padding: 4px 10px; border-radius: 6px; }}
+QMenuBar::item:selected {{ background: {hover}; }}
+QMenu {{ background: {surface}; color: {text}; border: 1px solid {border}; border-radius: 8px; padding: 4px; }}
+QMenu::item {{ padding: 5px 22px 5px 14px; border-radius: 6px; }}
+QMenu::item:selected {{ background: {hover}; }}
+QMenu::separator {{ height: 1px; background: {border}; margin: 4px 8px; }}
+QStatusBar {{ background: {window}; border-top: 1px solid {border}; color: {muted}; }}
+QStatusBar::item {{ border: none; }}
+QProgressBar {{ border: 1px solid {border}; border-radius: 6px; background: {raised}; color: {text};
+    text-align: center; min-height: 14px; }}
+QProgressBar::chunk {{ background: {accent}; border-radius: 5px; }}
+QToolTip {{ background: {surface}; color: {text}; border: 1px solid {border}; border-radius: 6px; padding: 4px; }}
+QScrollBar:vertical {{ background: transparent; width: 10px; margin: 2px; border: none; }}
+QScrollBar:horizontal {{ background: transparent; height: 10px; margin: 2px; border: none; }}
+QScrollBar::handle:vertical, QScrollBar::handle:horizontal {{ background: {scroll}; border-radius: 3px;
+    min-height: 24px; min-width: 24px; }}
+QScrollBar::add-line, QScrollBar::sub-line {{ width: 0; height: 0; border: none; }}
+QScrollBar::add-page, QScrollBar::sub-page {{ background: transparent; }}
+QLabel#muted {{ color: {muted}; }}
+QWidget#chatHeader {{ border-bottom: 1px solid {border}; }}
+QFrame#card {{ border: 1px solid {border}; border-radius: 10px; background: {surface}; }}
+QFrame#card:hover {{ border: 1px solid {accent}; background: {hover}; }}
+QWidget#welcome {{ background: {base}; }}
+"""
 
 
 def os_prefers_dark(app: QApplication) -> bool:
@@ -26,9 +101,21 @@ def dark_palette() -> QPalette:
     palette = QPalette()
     for role, colour in DARK.items():
         palette.setColor(role, QColor(colour))
-    for role in (QPalette.ColorRole.Text, QPalette.ColorRole.ButtonText, QPalette.ColorRole.WindowText):
+    for role in (R.Text, R.ButtonText, R.WindowText):
         palette.setColor(QPalette.ColorGroup.Disabled, role, QColor("#6f7378"))
     return palette
+
+
+def light_palette(app: QApplication) -> QPalette:
+    palette = app.style().standardPalette()
+    for role, colour in LIGHT.items():
+        palette.setColor(role, QColor(colour))
+    return palette
+
+
+def stylesheet(mode: str) -> str:
+    """The app-wide stylesheet for 'light' or 'dark'."""
+    return STYLESHEET.format(**COLOURS[mode])
 
 
 def resolved(theme: str, app: QApplication) -> str:
@@ -38,13 +125,22 @@ def resolved(theme: str, app: QApplication) -> str:
     return theme
 
 
+def current_mode(app: QApplication | None = None) -> str:
+    """The mode applied last ('light' until a theme is applied)."""
+    app = app or QApplication.instance()
+    return app.property("ponder_mode") or "light"
+
+
 def apply_theme(theme: str, app: QApplication | None = None) -> str:
-    """Apply 'system', 'light' or 'dark'; returns the resolved 'light' or 'dark'."""
+    """Apply 'system', 'light' or 'dark' (palette and stylesheet); returns the resolved 'light' or 'dark'."""
     app = app or QApplication.instance()
     app.setStyle("Fusion")
     mode = resolved(theme, app)
-    app.setPalette(dark_palette() if mode == "dark" else app.style().standardPalette())
+    app.setPalette(dark_palette() if mode == "dark" else light_palette(app))
+    if app.property("ponder_mode") != mode or not app.styleSheet():
+        app.setStyleSheet(stylesheet(mode))  # re-polishes every widget: only when it changes
     app.setProperty("ponder_theme", theme)
+    app.setProperty("ponder_mode", mode)
     return mode
 
 

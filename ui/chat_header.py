@@ -1,0 +1,306 @@
+"""The chat header above the transcript: the chat's title (double-click to rename it in place), the model
+picker (the installed models; choosing one asks the window to switch the running model, and it shows the
+loading state meanwhile), and the "Chat settings" button (system prompt, preset and sampling for this chat).
+Emits what the user asked for; the window does it."""
+from __future__ import annotations
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QFont, QFontMetrics
+from PySide6.QtWidgets import (
+    QComboBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QSizePolicy,
+    QStackedWidget,
+    QToolButton,
+    QWidget,
+)
+
+NEW_CHAT = "New chat"
+
+
+class TitleLabel(QLabel):
+    """The title, elided to its width; double-click asks to edit it."""
+
+    doubleClicked = Signal()
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.full = ""
+        self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        font = QFont(self.font())
+        font.setPointSizeF(font.pointSizeF() * 1.15)
+        font.setWeight(QFont.Weight.DemiBold)
+        self.setFont(font)
+
+    def set_full(self, text: str) -> None:
+        self.full = text
+        self.setToolTip(text)
+        self._elide()
+
+    def _elide(self) -> None:
+        self.setText(QFontMetrics(self.font()).elidedText(self.full, Qt.TextElideMode.ElideRight, max(40, self.width())))
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        self._elide()
+
+    def mouseDoubleClickEvent(self, event) -> None:
+        self.doubleClicked.emit()
+
+
+class ChatHeader(QWidget):
+    renameRequested = Signal(str)
+    """The new title typed in place."""
+    modelChosen = Signal(str)
+    """The model id picked (only when it differs from the running one)."""
+    settingsRequested = Signal()
+
+    def __init__(self, parent=None):
+        super().__init__(parent, objectName="chatHeader")
+        self.setAttribute(Qt.WidgetAttribute.WA_StyledBackground, True)
+        self.editable = False
+        self.current_model = ""
+        self.title = TitleLabel()
+        self.title.setAccessibleName("Chat title")
+        self.title_edit = QLineEdit()
+        self.title_edit.setAccessibleName("New chat title")
+        self.title_stack = QStackedWidget()
+        self.title_stack.addWidget(self.title)
+        self.title_stack.addWidget(self.title_edit)
+        self.title_stack.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+        self.title_stack.setFixedHeight(self.title_edit.sizeHint().height())
+        self.models = QComboBox()
+        self.models.setAccessibleName("Model")
+        self.models.setToolTip("The model answering: pick another installed one to switch (Tools ▸ Models to "
+                               "install more)")
+        self.models.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
+        self.loading = QLabel("", objectName="muted")
+        self.loading.setVisible(False)
+        self.summary = QLabel("", objectName="muted")
+        self.settings_button = QToolButton(text="Chat settings", objectName="chip")
+        self.settings_button.setToolTip("System prompt, preset and sampling for this chat")
+        self.settings_button.setAccessibleName("Chat settings")
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(12, 6, 8, 6)
+        layout.setSpacing(8)
+        layout.addWidget(self.title_stack, 1)
+        layout.addWidget(self.loading)
+        layout.addWidget(self.models)
+        layout.addWidget(self.summary)
+        layout.addWidget(self.settings_button)
+        self.title.doubleClicked.connect(self.start_rename)
+        self.title_edit.editingFinished.connect(self.finish_rename)
+        self.models.activated.connect(self._model_activated)
+        self.settings_button.clicked.connect(self.settingsRequested)
+        self.set_title(NEW_CHAT, editable=False)
+
+    # --- title ---------------------------------------------------------------------------------------
+    def set_title(self, title: str, editable: bool = True) -> None:
+        """Show `title`; `editable`: a saved chat (a new, empty one has nothing to rename yet)."""
+        self.editable = editable
+        self.title.set_full(title or NEW_CHAT)
+        self.title.setToolTip(f"{title} — double-click to rename" if editable else title)
+        self.title_stack.setCurrentWidget(self.title)
+
+    def start_rename(self) -> None:
+        if not self.editable:
+            return
+        self.title_edit.setText(self.title.full)
+        self.title_stack.setCurrentWidget(self.title_edit)
+        self.title_edit.selectAll()
+        self.title_edit.setFocus()
+
+    def finish_rename(self) -> None:
+        if self.title_stack.currentWidget() is not self.title_edit:
+            return
+        text = self.title_edit.text().strip()
+        self.title_stack.setCurrentWidget(self.title)
+        if text and text != self.title.full:
+            self.title.set_full(text)
+            self.renameRequested.emit(text)
+
+    def keyPressEvent(self, event) -> None:
+        if event.key() == Qt.Key.Key_Escape and self.title_stack.currentWidget() is self.title_edit:
+            self.title_edit.setText(self.title.full)  # cancel: editingFinished then changes nothing
+            self.title_stack.setCurrentWidget(self.title)
+            return
+        super().keyPressEvent(event)
+
+    # --- model picker --------------------------------------------------------------------------------
+    def set_models(self, models: list[tuple[str, str]], current: str) -> None:
+        """The installed models as (id, display name), `current` (the running one) selected; emits nothing."""
+        self.current_model = current
+        self.models.blockSignals(True)
+        self.models.clear()
+        for model_id, name in models:
+            self.models.addItem(name or model_id, model_id)
+        if current and self.models.findData(current) < 0:
+            self.models.addItem(current, current)  # running but not in the store (e.g. an injected engine)
+        self.models.setCurrentIndex(max(0, self.models.findData(current)))
+        self.models.blockSignals(False)
+
+    def model_ids(self) -> list[str]:
+        return [self.models.itemData(i) for i in range(self.models.count())]
+
+    def set_loading(self, loading: bool, text: str = "Loading…") -> None:
+        """While a model loads the picker is disabled and says so."""
+        self.loading.setText(text if loading else "")
+        self.loading.setVisible(loading)
+        self.models.setEnabled(not loading)
+
+    def _model_activated(self, _index: int) -> None:
+        chosen = self.models.currentData()
+        if chosen and chosen != self.current_model:
+            self.modelChosen.emit(chosen)
+
+    # --- chat settings -------------------------------------------------------------------------------
+    def set_summary(self, text: str, available: bool = True) -> None:
+        """A short note next to the button (e.g. 'Teacher · T 0.2'); `available`: the chat can have settings."""
+        self.summary.setText(text)
+        self.summary.setVisible(bool(text))
+        self.settings_button.setEnabled(available)
+
+
+def settings_summary(chat: dict) -> str:
+    """'Teacher · 2 overrides' for a chat's settings; '' when it uses the defaults."""
+    from .chat_settings_dialog import preset_of
+
+    parts = []
+    if (chat.get("system_prompt") or "").strip():
+        parts.append(preset_of(chat["system_prompt"]))
+    n = len(chat.get("sampling") or {})
+    if n:
+        parts.append(f"{n} override{'s' if n != 1 else ''}")
+    return " · ".join(parts)
+
+
+class ShellActions:
+    """The window's side of the chat header, the welcome panel, the font size and pinned chats (mixed into
+    MainWindow, which has `controller`, `service`, `model_service`, `settings`, `header`, `welcome`, `view`,
+    `composer`, `stack` and `status`)."""
+
+    _pending_chat_settings: dict | None = None
+    """Chat settings chosen for a new chat before its first message: stored once the chat exists."""
+
+    # --- header --------------------------------------------------------------------------------------
+    def refresh_header(self, *_args) -> None:
+        c = self.controller
+        cid = c.current
+        self.header.set_title(c.title(cid) if cid else NEW_CHAT, editable=cid is not None)
+        chat = self.current_chat_settings()
+        self.header.set_summary(settings_summary(chat) if chat else "", self.chat_settings_available())
+
+    def rename_from_header(self, title: str) -> None:
+        if self.controller.current is not None:
+            self.controller.rename(self.controller.current, title)
+
+    def refresh_models(self, *_args) -> None:
+        """The picker: installed models (the model service's store), the running one selected."""
+        running = self.service.model_name
+        models = []
+        if self.model_service is not None:
+            try:
+                models = [(r.id, r.name) for r in self.model_service.rows() if r.installed]
+            except OSError:  # an unreadable model folder: the running model is still listed
+                models = []
+        self.header.set_models(models, running)
+
+    def choose_model(self, model_id: str) -> None:
+        name = self.header.models.currentText() or model_id
+        self.header.set_loading(True, f"Loading {name}…")
+        self.status.setText(f"Switching to {name}…")
+        self.switch_model(model_id)
+
+    # --- chat settings (system prompt, preset, sampling overrides) -----------------------------------
+    def chat_settings_available(self) -> bool:
+        c = self.controller
+        return callable(getattr(c, "chat_settings", None)) and callable(getattr(c, "set_chat_settings", None))
+
+    def current_chat_settings(self) -> dict | None:
+        if not self.chat_settings_available():
+            return None
+        if self.controller.current is None:
+            return dict(self._pending_chat_settings or {"system_prompt": None, "sampling": {}})
+        return self.controller.chat_settings()
+
+    def open_chat_settings(self) -> None:
+        from .chat_settings_dialog import ChatSettingsDialog
+
+        current = self.current_chat_settings()
+        if current is None:
+            self.status.setText("Per-chat settings need a newer chat database.")
+            return
+        title = self.controller.title(self.controller.current) if self.controller.current else NEW_CHAT
+        chosen = ChatSettingsDialog.ask(self, current, self.settings, title)
+        if chosen is not None:
+            self.save_chat_settings(chosen)
+
+    def save_chat_settings(self, chosen: dict) -> None:
+        if self.controller.current is None:
+            self._pending_chat_settings = chosen  # stored when the first message creates the chat
+        else:
+            self.controller.set_chat_settings(system_prompt=chosen.get("system_prompt"),
+                                              sampling=chosen.get("sampling") or {})
+        self.status.setText("Chat settings saved.")
+        self.refresh_header()
+
+    def on_conversation_opened(self, cid: str) -> None:
+        """A chat was opened, or created by its first message (it has none stored yet: the settings chosen
+        before it existed are stored now, before its question is answered)."""
+        pending, self._pending_chat_settings = self._pending_chat_settings, None
+        if cid and pending and self.chat_settings_available() and not self.controller.messages():
+            self.controller.set_chat_settings(system_prompt=pending.get("system_prompt"),
+                                              sampling=pending.get("sampling") or {})
+        self.refresh_header()
+        self.update_welcome()
+
+    # --- welcome panel -------------------------------------------------------------------------------
+    def update_welcome(self, *_args) -> None:
+        """The welcome panel in place of an empty chat (nothing stored, nothing streaming)."""
+        c = self.controller
+        empty = c.current is None or (c.current_live is None and not c.messages())
+        self.stack.setCurrentWidget(self.welcome if empty else self.view)
+
+    def use_example(self, text: str, mode: str) -> None:
+        self.composer.input.setPlainText(text)
+        if not self.composer.set_mode(mode):
+            self.status.setText("This model cannot reason yet, so the example is asked in Fast mode.")
+        self.composer.input.setFocus()
+        self.composer.input.moveCursor(self.composer.input.textCursor().MoveOperation.End)
+
+    # --- text size -----------------------------------------------------------------------------------
+    def apply_font_size(self) -> None:
+        """The transcript and the composer at the settings' font size."""
+        points = self.settings.font_size
+        font = self.view.font()
+        font.setPointSize(points)
+        self.view.setFont(font)
+        sized = getattr(self.view, "set_font_size", None)
+        if callable(sized):
+            sized(points)
+        self.composer.set_font_size(points)
+
+    def zoom(self, step: int) -> None:
+        """Bigger (+1), smaller (-1) or the default size (0); saved with the settings."""
+        from dataclasses import replace
+
+        from app.settings import FONT_SIZES, AppSettings
+
+        lo, hi = FONT_SIZES
+        size = AppSettings().font_size if step == 0 else min(hi, max(lo, self.settings.font_size + step))
+        if size != self.settings.font_size:
+            self.settings = replace(self.settings, font_size=size)
+            self.controller.save_settings(self.settings)
+            self.apply_font_size()
+        self.status.setText(f"Text size {size} pt")
+
+    # --- pinned chats --------------------------------------------------------------------------------
+    def set_pinned(self, cid: str, pinned: bool) -> None:
+        pin = getattr(self.controller, "set_pinned", None)
+        if not callable(pin):
+            self.status.setText("Pinning chats needs a newer chat database.")
+            return
+        pin(cid, pinned)
+        self.refresh_conversations()
