@@ -11,11 +11,21 @@ from dataclasses import replace
 
 from PySide6.QtCore import QByteArray, QTimer
 from PySide6.QtGui import QAction, QGuiApplication, QKeySequence
-from PySide6.QtWidgets import QLabel, QMainWindow, QProgressBar, QPushButton, QSplitter, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (
+    QLabel,
+    QMainWindow,
+    QProgressBar,
+    QPushButton,
+    QSplitter,
+    QStackedWidget,
+    QVBoxLayout,
+    QWidget,
+)
 
 from app.settings import AppSettings
 
 from .adapters_dialog import NO_REASONING, AdapterActions
+from .chat_header import ChatHeader, ShellActions
 from .chat_view import ChatView, details_text
 from .composer import Composer
 from .dialogs import ConfirmDialog, EditDialog, ExportDialog, RenameDialog, show_info
@@ -23,10 +33,13 @@ from .main_stages import STAGES
 from .settings_dialog import SettingsDialog
 from .sidebar import Sidebar
 from .theme import apply_theme
+from .welcome import Welcome
 
 RENDER_INTERVAL_MS = 50
-SHORTCUTS = """Ctrl+Enter  send
+SHORTCUTS = """Ctrl+Enter  send (Enter too, with "Enter sends" in Settings)
+Shift+Enter  new line
 Esc  stop the answer
+Ctrl+=  /  Ctrl+−  /  Ctrl+0  bigger / smaller / default text
 Ctrl+N  new chat
 Ctrl+F  search all chats
 Ctrl+,  settings
@@ -35,7 +48,7 @@ Ctrl+Shift+A  adapters
 Ctrl+Q  quit"""
 
 
-class MainWindow(QMainWindow, AdapterActions):
+class MainWindow(QMainWindow, AdapterActions, ShellActions):
     def __init__(self, service, controller, model_service=None, parent=None):
         super().__init__(parent)
         self.service, self.controller, self.model_service = service, controller, model_service
@@ -51,17 +64,28 @@ class MainWindow(QMainWindow, AdapterActions):
         self.setWindowTitle("Ponder")
         self.resize(1100, 760)
         self.sidebar = Sidebar()
+        self.header = ChatHeader()
         self.view = ChatView()
+        self.welcome = Welcome()
+        self.stack = QStackedWidget()
+        """The welcome panel for an empty chat, else the transcript."""
+        self.stack.addWidget(self.welcome)
+        self.stack.addWidget(self.view)
         self.composer = Composer()
         self.progress_bar = QProgressBar(visible=False)
         right = QWidget()
         col = QVBoxLayout(right)
-        col.addWidget(self.view, 1)
+        col.setContentsMargins(0, 0, 10, 10)
+        col.setSpacing(8)
+        col.addWidget(self.header)
+        col.addWidget(self.stack, 1)
         col.addWidget(self.progress_bar)
         col.addWidget(self.composer)
         split = QSplitter()
+        split.setChildrenCollapsible(False)
         split.addWidget(self.sidebar)
         split.addWidget(right)
+        split.setStretchFactor(1, 1)
         split.setSizes([260, 840])
         self.setCentralWidget(split)
         self.status = QLabel("Starting…")
@@ -97,6 +121,16 @@ class MainWindow(QMainWindow, AdapterActions):
         self.sidebar.renameRequested.connect(self.rename)
         self.sidebar.deleteRequested.connect(self.delete)
         self.sidebar.exportRequested.connect(self.export)
+        self.sidebar.pinRequested.connect(self.set_pinned)
+        c.conversationOpened.connect(self.on_conversation_opened)
+        c.conversationsChanged.connect(self.refresh_header)
+        c.messagesChanged.connect(self.update_welcome)
+        self.header.renameRequested.connect(self.rename_from_header)
+        self.header.modelChosen.connect(lambda model_id: self.choose_model(model_id))
+        self.header.settingsRequested.connect(self.open_chat_settings)
+        self.welcome.exampleChosen.connect(self.use_example)
+        if self.model_service is not None:
+            self.model_service.changed.connect(self.refresh_models)
         self.composer.sendRequested.connect(self.on_send)
         self.composer.stopRequested.connect(s.cancel)
         self.view.action.connect(self.on_action)
@@ -125,6 +159,13 @@ class MainWindow(QMainWindow, AdapterActions):
         add(tools, "Adapters…", self.open_adapters, "Ctrl+Shift+A")
         add(tools, "Train an adapter…", self.open_train_wizard)
         add(tools, "Settings…", self.open_settings, "Ctrl+,")
+        view = bar.addMenu("&View")
+        self.bigger_action = add(view, "Bigger text", lambda: self.zoom(1), "Ctrl+=")
+        self.bigger_action.setShortcuts([QKeySequence("Ctrl+="), QKeySequence("Ctrl++")])
+        self.smaller_action = add(view, "Smaller text", lambda: self.zoom(-1), "Ctrl+-")
+        self.reset_size_action = add(view, "Default text size", lambda: self.zoom(0), "Ctrl+0")
+        view.addSeparator()
+        add(view, "Chat settings…", self.open_chat_settings, "Ctrl+Shift+,")
         help_menu = bar.addMenu("&Help")
         add(help_menu, "Keyboard shortcuts", lambda: show_info(self, "Keyboard shortcuts", SHORTCUTS))
         add(help_menu, "About Ponder", lambda: show_info(
@@ -155,6 +196,9 @@ class MainWindow(QMainWindow, AdapterActions):
         self.controller.save_settings(new)
         apply_theme(new.theme)
         self.apply_composer_defaults()
+        self.composer.set_enter_sends(new.enter_sends)
+        if new.font_size != old.font_size:
+            self.apply_font_size()
         if new.threads != old.threads:
             self.spawn(self.service.set_threads(new.threads or None))
         self.status.setText("Settings saved.")
@@ -186,7 +230,8 @@ class MainWindow(QMainWindow, AdapterActions):
             self.model_service = ModelService(active_id=self.service.model_name)
         if self.model_manager is None:
             self.model_manager = ModelManager(self.model_service, self)
-            self.model_manager.useRequested.connect(self.switch_model)
+            self.model_manager.useRequested.connect(self.choose_model)
+            self.model_service.changed.connect(self.refresh_models)
         self.model_service.active_id = self.service.model_name
         self.model_manager.refresh()
         self.model_manager.show()
@@ -201,6 +246,8 @@ class MainWindow(QMainWindow, AdapterActions):
                 self.model_service.active_id = self.service.model_name
             if self.model_manager is not None:
                 self.model_manager.refresh()
+            self.header.set_loading(False)
+            self.refresh_models()
 
         self.spawn(run())
 
@@ -228,6 +275,7 @@ class MainWindow(QMainWindow, AdapterActions):
         elif self._loading:
             self._pending_question = text
             self.status.setText("Loading the model — your question will be sent as soon as it is ready.")
+            self.header.set_loading(True, "Loading… your question is queued")
         else:
             self.composer.input.setPlainText(text)
             self.status.setText("No model is loaded — open Tools ▸ Models (Ctrl+M) to install or pick one.")
@@ -237,6 +285,9 @@ class MainWindow(QMainWindow, AdapterActions):
                 "error": "The model failed to load"}
         self._loading = state == "loading"
         self.status.setText(text.get(state, state))
+        self.header.set_loading(self._loading, "Loading…" if self._loading else "")
+        if state == "ready":
+            self.refresh_models()
         if state != "loading":
             self.progress_bar.setVisible(False)
         if state == "ready":
@@ -359,6 +410,11 @@ class MainWindow(QMainWindow, AdapterActions):
     # --- window state --------------------------------------------------------------------------------
     def _restore_settings(self) -> None:
         self.apply_composer_defaults()
+        self.composer.set_enter_sends(self.settings.enter_sends)
+        self.apply_font_size()
+        self.refresh_models()
+        self.refresh_header()
+        self.update_welcome()
         self.apply_server(self.settings)
         geometry = self.controller.window_state()
         if geometry:
