@@ -1,162 +1,166 @@
-"""The transcript: messages as Markdown (code blocks with copy links), per-answer thinking trace with its
-meter and budget marker, answer details, parallel candidates with score bars and the vote, and actions
-(copy, regenerate, edit, think longer, pick a candidate) as `ponder:` links. Auto-scroll stops when the
-user scrolls up."""
+"""The transcript: a scroll area with one card per message (ui.message_card). `render` reconciles the cards
+with the chat (a card is reused for its message id and redrawn only when that message changed); `update_live`
+redraws only the card the reply streams into, so a selection in another card, the scroll position and a screen
+reader's place survive streaming. Auto-scroll follows new text only while the user is at the bottom. Card
+actions come out as `action(verb, args)`."""
 from __future__ import annotations
 
-import re
-import time
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import QApplication, QFrame, QLabel, QScrollArea, QVBoxLayout, QWidget
 
-from PySide6.QtCore import Signal
-from PySide6.QtWidgets import QTextBrowser
+from .message_card import MessageCard, failed
+from .vote_chart import tie_note
 
-FENCE = re.compile(r"```[^\n]*\n(.*?)```", re.S)
+__all__ = ["ChatView", "details_text", "tie_note"]
 
-
-def escape(text: str) -> str:
-    """User and model text is shown, never interpreted as HTML."""
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-
-
-def quote(text: str) -> str:
-    return "\n".join("> " + line for line in escape(text).splitlines()) or "> …"
-
-
-def bar(score: float | None, width: int = 10) -> str:
-    if score is None:
-        return "—"
-    filled = round(score * width)
-    return "█" * filled + "░" * (width - filled) + f" {score:.2f}"
+STYLE = """
+QFrame#userCard { background: palette(alternate-base); border: 1px solid palette(midlight); border-radius: 12px; }
+QFrame#assistantCard { background: palette(base); border: 1px solid palette(midlight); border-radius: 12px; }
+QFrame#assistantCard[failed="true"] { border: 1px solid #d93025; }
+QFrame#thinkingCard { background: palette(window); border-radius: 8px; }
+QFrame#errorCard { background: rgba(217, 48, 37, 0.12); border-radius: 8px; }
+QLabel#cardAuthor { font-weight: 600; }
+QLabel#cardNote { color: palette(placeholder-text); font-style: italic; }
+"""
 
 
-class ChatView(QTextBrowser):
+class ChatView(QScrollArea):
     action = Signal(str, list)
-    """(verb, args) from a clicked ponder: link, e.g. ('pick', [message_id, index])."""
+    """(verb, args) from a card, e.g. ('pick', [message_id, index]), ('branch', [message_id, '+1'])."""
 
     def __init__(self, parent=None):
         super().__init__(parent)
-        self.setOpenLinks(False)
-        self.anchorClicked.connect(self._clicked)
+        self.setWidgetResizable(True)
+        self.setFrameShape(QFrame.Shape.NoFrame)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.body = QWidget()
+        self.body.setObjectName("transcript")
+        self.body.setStyleSheet(STYLE)
+        self.column = QVBoxLayout(self.body)
+        self.column.setContentsMargins(16, 12, 16, 12)
+        self.column.setSpacing(12)
+        self.placeholder = QLabel("Start a conversation below.", alignment=Qt.AlignmentFlag.AlignCenter)
+        self.placeholder.setObjectName("cardNote")
+        self.column.addWidget(self.placeholder)
+        self.column.addStretch(1)
+        self.setWidget(self.body)
+        self.cards: dict[int, MessageCard] = {}
+        self.order: list[int] = []
         self.expanded: set[int] = set()
-        self.code_blocks: dict[str, str] = {}
+        self.live_id: int | None = None
+        self.error: str | None = None
+        """The engine's last error message, shown on the failed reply's card."""
+        self._stick = True
+        bar = self.verticalScrollBar()
+        bar.valueChanged.connect(self._scrolled)
+        bar.rangeChanged.connect(self._range_changed)
+        QApplication.instance().focusChanged.connect(self._focus_changed)
 
-    def _clicked(self, url) -> None:
-        verb, *args = url.toString().removeprefix("ponder:").split("/")
-        if verb == "toggle":
-            mid = int(args[0])
-            self.expanded.symmetric_difference_update({mid})
-        self.action.emit(verb, args)
+    # --- scrolling -----------------------------------------------------------------------------------
+    def _scrolled(self, value: int) -> None:
+        self._stick = value >= self.verticalScrollBar().maximum() - 4
 
-    def _code_links(self, mid, text: str) -> str:
-        out, k = [], 0
+    def _range_changed(self, _low: int, high: int) -> None:
+        if self._stick:
+            self.verticalScrollBar().setValue(high)
 
-        def repl(m):
-            nonlocal k
-            key = f"{mid}-{k}"
-            self.code_blocks[key] = m.group(1)
-            k += 1
-            return m.group(0) + f"\n[Copy code](ponder:copycode/{key})\n"
+    def at_bottom(self) -> bool:
+        return self._stick
 
-        out.append(FENCE.sub(repl, text))
-        return "".join(out)
+    def _focus_changed(self, _old, new) -> None:
+        """Keyboard users get a card's buttons when focus is inside it (the pointer gets them on hover)."""
+        for card in self.cards.values():
+            inside = new is not None and card.isAncestorOf(new)
+            if inside or not card.underMouse():
+                card.bar.setVisible(inside)
 
-    def render(self, messages, live=None, busy: bool = False, can_reason: bool = False) -> None:
-        """`live`: the reply streaming in this chat (its stored row is shown through it); `can_reason`: whether
-        the engine can think longer."""
-        scroll = self.verticalScrollBar()
-        at_bottom = scroll.value() >= scroll.maximum() - 4
-        keep = scroll.value()
-        parts = []
-        streaming = getattr(live, "message_id", None)
-        messages = [m for m in messages if m.id != streaming]
+    # --- cards ---------------------------------------------------------------------------------------
+    @property
+    def code_blocks(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for card in self.cards.values():
+            out.update(card.code_blocks)
+        return out
+
+    def card(self, message_id: int) -> MessageCard | None:
+        return self.cards.get(message_id)
+
+    def offered(self, message_id: int, verb: str) -> bool:
+        card = self.cards.get(message_id)
+        return card is not None and card.offered(verb)
+
+    def _card(self, m) -> MessageCard:
+        card = self.cards.get(m.id)
+        if card is None or card.role != m.role:
+            card = MessageCard(m.id, m.role)
+            card.action.connect(self.action)
+            card.expandedChanged.connect(self._expanded)
+            self.cards[m.id] = card
+        return card
+
+    def _expanded(self, message_id: int, on: bool) -> None:
+        if on:
+            self.expanded.add(message_id)
+        else:
+            self.expanded.discard(message_id)
+
+    def set_error(self, message: str) -> None:
+        self.error = message
+
+    def render(self, messages, live=None, busy: bool = False, can_reason: bool = False, *,
+               branches: dict | None = None, can_delete: bool = False) -> None:
+        """Show `messages` (the active path); `live` streams into its stored row; `branches`: message id →
+        (n, m) among its siblings; `can_reason`: the engine can think longer."""
+        branches = branches or {}
+        self.live_id = getattr(live, "message_id", None)
         last_assistant = max((m.id for m in messages if m.role == "assistant"), default=None)
+        last_failed = next((m.id for m in reversed(messages) if failed(m)), None)
+        ids = [m.id for m in messages]
         for m in messages:
-            if m.role == "user":
-                parts.append(f"**You**\n\n{self._code_links(m.id, escape(m.content))}\n\n[Edit](ponder:edit/{m.id})")
+            card = self._card(m)
+            if m.id == self.live_id:
+                card.show_live(live)
             else:
-                parts.append(self._assistant(m, m.id == last_assistant and not busy, can_reason))
-        if live is not None:
-            parts.append(self._live(live))
-        self.setMarkdown("\n\n---\n\n".join(parts) if parts else "*Start a conversation below.*")
-        scroll.setValue(scroll.maximum() if at_bottom else keep)
+                card.show_message(m, expanded=m.id in self.expanded,
+                                  error=self.error if m.id == last_failed else None)
+            done = m.id != self.live_id
+            reasoned = bool(m.thinking) and m.role == "assistant"
+            card.offer(copy=done, edit=m.role == "user" and not busy,
+                       regenerate=m.role == "assistant" and m.id == last_assistant and not busy and done,
+                       think=reasoned and can_reason and not busy and done,
+                       details=m.role == "assistant" and done, delete=can_delete and not busy and done)
+            card.retry_button.setEnabled(not busy)
+            card.set_branch(branches.get(m.id))
+        if ids != self.order:
+            self._relayout(ids)
+        self.placeholder.setVisible(not ids)
 
-    def _thinking_header(self, tokens: int, budget, forced: bool, seconds: float | None = None) -> str:
-        meter = f"{tokens}/{budget} tokens" if budget else f"{tokens} tokens"
-        cut = " · **cut at budget**" if forced else ""
-        secs = f" · {seconds:.1f}s" if seconds is not None else ""
-        return f"*Thinking — {meter}{cut}{secs}*"
+    def _relayout(self, ids: list[int]) -> None:
+        keep = set(ids)
+        for mid in [k for k in self.cards if k not in keep]:
+            card = self.cards.pop(mid)
+            self.column.removeWidget(card)
+            card.deleteLater()
+            self.expanded.discard(mid)
+        for pos, mid in enumerate(ids):
+            card = self.cards[mid]
+            if self.column.indexOf(card) != pos + 1:
+                self.column.removeWidget(card)
+                self.column.insertWidget(pos + 1, card)  # after the placeholder, before the stretch
+        self.order = ids
 
-    def _assistant(self, m, is_last: bool, can_reason: bool = False) -> str:
-        meta = m.meta
-        lines = ["**Ponder**"]
-        reasoned = bool((meta.get("route") or {}).get("reason"))
-        if m.thinking or reasoned:
-            header = self._thinking_header(meta.get("thinking_tokens", 0), meta.get("budget"), meta.get("budget_forced"))
-            show = "▾ hide trace" if m.id in self.expanded else "▸ show trace"
-            lines.append(f"{header} [{show}](ponder:toggle/{m.id})")
-            if m.id in self.expanded:
-                lines.append(quote(m.thinking))
-        status = {"incomplete": "\n\n*(incomplete: the answer stopped before it finished)*",
-                  "cancelled": "\n\n*(stopped)*"}.get(m.status, "")
-        lines.append(self._code_links(m.id, escape(m.content)) + status)
-        if meta.get("candidates"):
-            lines.append(self._candidates(m))
-        acts = [f"[Copy](ponder:copy/{m.id})", f"[Details](ponder:details/{m.id})"]
-        if is_last:
-            acts.append("[Regenerate](ponder:regen)")
-            if m.thinking and can_reason:  # only a reasoning reply has a trace to continue
-                acts.append(f"[Think longer](ponder:longer/{m.id})")
-        lines.append(" · ".join(acts))
-        return "\n\n".join(lines)
+    def update_live(self, live) -> bool:
+        """Redraw only the card `live` streams into; False when that card is not shown (a full render is due)."""
+        card = self.cards.get(getattr(live, "message_id", None))
+        if card is None or live.message_id != self.live_id:
+            return False
+        card.show_live(live)
+        return True
 
-    def _candidates(self, m) -> str:
-        meta = m.meta
-        vote = meta.get("vote", {})
-        table = vote.get("table", [])
-        undecided = bool(vote.get("tie")) and not meta.get("picked_by_user")  # a tie picked nobody
-        rows = ["| # | answer | verifier | |", "|---|---|---|---|"]
-        for c in meta["candidates"]:
-            if c["index"] == meta.get("chosen"):
-                mark = "*shown (tie)*" if undecided else "**✓**"
-            else:
-                mark = f"[use](ponder:pick/{m.id}/{c['index']})"
-            rows.append(f"| {c['index'] + 1} | {escape(str(c['answer']))} | {bar(c['score'])} | {mark} |")
-        total = sum(w for _, w, _ in table) or 1
-        chart = ["", f"Vote ({vote.get('method', '?')}){tie_note(vote, undecided)}:"] + [
-            f"- `{escape(str(a))}` {'▇' * max(1, round(12 * w / total))} {w:.2f} ({n} vote{'s' if n != 1 else ''})"
-            for a, w, n in table]
-        return "\n".join(rows + chart)
-
-    def _live(self, live) -> str:
-        lines = ["**Ponder**"]
-        if getattr(live, "replaces", ()):
-            lines.append("*The earlier answer stays until this one has finished.*")
-        elapsed = time.monotonic() - live.started
-        if live.thinking or live.budget:
-            lines.append(self._thinking_header(live.thinking_tokens, live.budget, False, elapsed))
-            lines.append(quote(live.thinking[-2000:]))
-        if len(live.streams) > 1:
-            lines.append(f"*{len(live.streams)} answers in parallel…*")
-        lines.append(escape(live.answer) + "▌")
-        return "\n\n".join(lines)
-
-
-def tie_note(vote: dict, undecided: bool) -> str:
-    """' — tie between 4 answers (1 vote each): the first candidate is shown' when the vote picked nobody."""
-    if not vote.get("tie"):
-        return ""
-    table, method = vote.get("table", []), vote.get("method")
-    if not undecided:
-        return " — tie; your pick is shown"
-    if table and method == "majority":
-        n, votes = sum(1 for r in table if r[2] == table[0][2]), table[0][2]
-        what = f" between {n} answers ({votes} vote{'s' if votes != 1 else ''} each)"
-    elif table and method == "weighted":
-        n = sum(1 for r in table if abs(r[1] - table[0][1]) < 1e-9)
-        what = f" between {n} answers (weight {table[0][1]:.2f} each)"
-    else:
-        what = ""
-    return f" — **tie**{what}: the first candidate is shown"
+    def toPlainText(self) -> str:  # noqa: N802 (Qt naming, as the text widgets it replaced)
+        if not self.order:
+            return self.placeholder.text()
+        return "\n\n".join(self.cards[mid].plain_text() for mid in self.order)
 
 
 def details_text(m) -> str:

@@ -93,7 +93,8 @@ class MainWindow(QMainWindow, AdapterActions, ShellActions):
         self.statusBar().addWidget(self.status, 1)
         self.statusBar().addPermanentWidget(self.undo_button)
         self._render_timer = QTimer(self, singleShot=True, interval=RENDER_INTERVAL_MS)
-        self._render_timer.timeout.connect(self.render)
+        self._render_timer.timeout.connect(lambda: self.render(live_only=True))
+        self.service.failed.connect(self.view.set_error)  # shown on the failed reply's card
         self._menus()
         self._wire()
         self._restore_settings()
@@ -376,33 +377,51 @@ class MainWindow(QMainWindow, AdapterActions, ShellActions):
             self.status.setText(f"Exported to {path}")
 
     def schedule_render(self, *_args) -> None:
-        """Coalesce streaming updates: re-render at most every RENDER_INTERVAL_MS, never once per token."""
+        """Coalesce streaming updates: redraw the live card at most every RENDER_INTERVAL_MS, never per token."""
         if not self._render_timer.isActive():
             self._render_timer.start()
 
     # --- transcript actions --------------------------------------------------------------------------
-    def render(self) -> None:
-        self.view.render(self.controller.messages(), self.controller.current_live, self.service.busy,
-                         self.service.ready and self.service.can_reason)
+    def render(self, live_only: bool = False) -> None:
+        """The whole transcript (cards reused, redrawn only where a message changed); `live_only` (the streaming
+        timer): just the live card, without reading the chat from the store."""
+        live = self.controller.current_live
+        if live_only and live is not None and self.view.update_live(live):
+            return
+        msgs = self.controller.messages()
+        branch = getattr(self.controller, "branch", None)
+        branches = {}
+        if branch is not None:
+            for m in msgs:
+                n_m = branch(m)
+                if n_m and n_m[1] > 1:
+                    branches[m.id] = tuple(n_m)
+        self.view.render(msgs, live, self.service.busy, self.service.ready and self.service.can_reason,
+                         branches=branches, can_delete=hasattr(self.controller, "delete_message"))
 
     def on_action(self, verb: str, args: list) -> None:
         msgs = {m.id: m for m in self.controller.messages()}
+        mid = int(args[0]) if args and args[0].lstrip("-").isdigit() else None
         if verb == "toggle":
             self.render()
         elif verb == "copy":
-            QGuiApplication.clipboard().setText(msgs[int(args[0])].content)
+            QGuiApplication.clipboard().setText(msgs[mid].content)
         elif verb == "copycode":
             QGuiApplication.clipboard().setText(self.view.code_blocks.get(args[0], ""))
         elif verb == "details":
-            show_info(self, "Answer details", details_text(msgs[int(args[0])]))
-        elif verb == "regen":
+            show_info(self, "Answer details", details_text(msgs[mid]))
+        elif verb in ("regen", "regenerate", "retry"):
             self.spawn(self.controller.regenerate(self.options()))
-        elif verb == "longer":
-            self.spawn(self.controller.think_longer(int(args[0]) if args else None, 256))
+        elif verb in ("longer", "think"):
+            self.spawn(self.controller.think_longer(mid, 256))
         elif verb == "pick":
-            self.controller.pick_candidate(int(args[0]), int(args[1]))
+            self.controller.pick_candidate(mid, int(args[1]))
+        elif verb == "branch" and hasattr(self.controller, "switch_branch"):
+            self.controller.switch_branch(mid, int(args[1]))
+        elif verb == "delete" and hasattr(self.controller, "delete_message"):
+            self.controller.delete_message(mid)
         elif verb == "edit":
-            m = msgs[int(args[0])]
+            m = msgs[mid]
             text = EditDialog.ask(self, m.content)
             if text:
                 self.spawn(self.controller.edit_and_resend(m.id, text, self.options()))

@@ -18,7 +18,7 @@ def window(qtbot, loop, tmp_path):
 def test_budget_cut_is_marked_with_the_full_meter(window, loop):
     reply = ask(window, loop, "Why?", "reason", budget=128)
     text = window.view.toPlainText()
-    assert "Thinking — 128/128 tokens" in text and "cut at budget" in text
+    assert "Thought for" in text and "· 128/128 tokens · cut at budget" in text
     assert reply.content.startswith("Final answer: 42") and reply.meta["budget_forced"] is True
 
 
@@ -46,7 +46,9 @@ def test_crash_mid_stream_keeps_the_partial_reply(qtbot, loop, tmp_path):
     reply = ask(win, loop, "Tell me", "base")
     assert reply.status == "incomplete" and reply.content == "The answer "
     assert "crashed mid-answer" in win.status.text()
-    assert "incomplete" in win.view.toPlainText()
+    card = win.view.card(reply.id)  # an error card with Retry
+    assert "This answer failed: the model crashed mid-answer" in win.view.toPlainText()
+    assert card.error.isVisibleTo(card) and card.retry_button.accessibleName() == "Retry"
     win.service.shutdown()
 
 

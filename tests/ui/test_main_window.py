@@ -51,14 +51,15 @@ def test_reasoning_answer_has_trace_meter_and_budget_cut(window, loop):
     reply = send(window, loop, "What is 2+2?", mode="reason", budget=128)
     assert reply.meta["budget"] == 128 and reply.meta["thinking_tokens"] <= 128
     text = window.view.toPlainText()
-    assert "Thinking" in text and "/128 tokens" in text
+    assert "Thought for" in text and "/128 tokens" in text
     if reply.meta["budget_forced"]:
         assert "cut at budget" in text
-    assert "show" in window.view.toPlainText()
-    window.view.expanded.add(reply.id)  # what clicking "show" does
-    window.render()
-    assert "hide" in window.view.toPlainText()
-    assert len(window.view.toPlainText()) > len(text)
+    card = window.view.card(reply.id).thinking
+    assert not card.expanded and card.header.accessibleName()
+    card.header.click()  # the thinking card opens
+    assert reply.id in window.view.expanded and card.expanded
+    window.render()  # and stays open across renders
+    assert card.expanded and len(window.view.toPlainText()) > len(text)
 
 
 def test_think_longer_continues_the_replys_own_trace(window, loop):
@@ -70,7 +71,7 @@ def test_think_longer_continues_the_replys_own_trace(window, loop):
     send(window, loop, "What is 3+5?", mode="reason", budget=128)
     window.controller.open(chat)
     window.render()
-    assert f"ponder:longer/{first.id}" in window.view.toHtml()
+    assert window.view.offered(first.id, "think")  # the Think longer button on the reply's card
     window.on_action("longer", [str(first.id)])
     assert run_until(loop, lambda: window.service.busy, 10) or not window.service.busy
     assert run_until(loop, lambda: not window.service.busy)

@@ -19,7 +19,7 @@ def snapshot(win):
 
 
 def think_longer(win, loop, reply):
-    assert f"ponder:longer/{reply.id}" in win.view.toHtml()  # the link the user clicks
+    assert win.view.offered(reply.id, "think")  # the Think longer button on the card
     win.on_action("longer", [str(reply.id)])
     wait_idle(win, loop)
     return win.controller.messages()
@@ -78,7 +78,7 @@ def test_think_longer_after_a_restart_rebuilds_from_the_stored_reply(qtbot, loop
     win = make_window(qtbot, loop, tmp_path, engine)
     win.controller.open(cid)
     win.render()
-    assert f"ponder:longer/{old.id}" in win.view.toHtml()
+    assert win.view.offered(old.id, "think")
     win.on_action("longer", [str(old.id)])
     assert run_until(loop, lambda: win.controller.live is not None and win.controller.live.thinking_tokens > 10)
     during = win.controller.messages()
@@ -122,7 +122,7 @@ def test_crash_before_any_new_thinking_leaves_no_empty_row(qtbot, loop, tmp_path
     msgs = think_longer(win, loop, reply)
     assert "crashed" in win.status.text()
     assert msgs[-1] == reply and len(msgs) == 2
-    assert f"ponder:longer/{reply.id}" in win.view.toHtml()  # still offered on the real reply
+    assert win.view.offered(reply.id, "think")  # still offered on the real reply
     win.service.shutdown()
 
 
@@ -142,12 +142,12 @@ def test_stopped_think_longer_leaves_the_reply_intact(qtbot, loop, tmp_path):
 
 def test_think_longer_only_on_reasoning_replies_of_an_engine_that_can_reason(window, loop, engine):
     fast = ask(window, loop, "Hi", "base")
-    assert not fast.thinking and "ponder:longer" not in window.view.toHtml()
+    assert not fast.thinking and not window.view.offered(fast.id, "think")
     reasoned = ask(window, loop, "Why?", "reason")
-    assert f"ponder:longer/{reasoned.id}" in window.view.toHtml()
+    assert window.view.offered(reasoned.id, "think")
     engine.can_reason = False  # e.g. another model without the adapter
     window.render()
-    assert "ponder:longer" not in window.view.toHtml()
+    assert not any(window.view.offered(m.id, "think") for m in window.controller.messages())
 
 
 def test_failed_regenerate_keeps_the_answer_and_a_finished_one_replaces_it(window, loop, engine):
