@@ -1,8 +1,8 @@
-"""What the message renderer costs: import time (ui.markdown_render, then matplotlib's mathtext on the first
-formula), milliseconds to render a ~2,000-token Markdown answer with 10 formulas and 3 code blocks (first render
-in the process, cold caches, warm caches), the per-call cost while that answer streams in (a render every ~10
-tokens, `streaming=True`, as the view re-renders the live message every 50–100 ms), what Qt then pays to lay the
-HTML out (QTextDocument.setHtml), and the memory (RSS) the renderer and matplotlib add.
+"""What the message renderer costs: import time (ui.markdown_render; matplotlib's mathtext on the first formula,
+or on a thread by math_render.warm_up()), milliseconds to render a ~2,000-token Markdown answer with 10 formulas
+and 3 code blocks (first render, cold caches, warm caches), the per-call cost while that answer streams in (a
+render every ~10 tokens, `streaming=True`, as the view re-renders the live message every 50-100 ms), what Qt then
+pays to lay the HTML out (QTextDocument.setHtml), and the memory (RSS) the renderer and matplotlib add.
 
 `python -m bench.render_cost [--json]`; writes bench/results/render_cost.json and render_cost.md.
 """
@@ -13,6 +13,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -78,6 +79,17 @@ def layout_ms(rendered, width: int = 700) -> float:
     return ms(time.perf_counter() - t)
 
 
+def sync_first_render() -> float:
+    """In a fresh process: the first render of the answer with nothing warmed up (what the GUI thread pays
+    when a chat with math is opened before any answer streamed)."""
+    code = ("import os, time; from PySide6.QtWidgets import QApplication; app = QApplication([]);"
+            "from ui.markdown_render import render_markdown; from bench.render_cost import answer; t = answer();"
+            "s = time.perf_counter(); render_markdown(t); print(1000 * (time.perf_counter() - s))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "QT_QPA_PLATFORM": "offscreen"}, cwd=Path(__file__).resolve().parents[1])
+    return round(float(out.stdout.strip().splitlines()[-1]), 2)
+
+
 def measure() -> dict:
     from PySide6.QtWidgets import QApplication
 
@@ -90,15 +102,25 @@ def measure() -> dict:
     import_renderer = time.perf_counter() - t
     rss_renderer = rss_mb()
     text = answer()
+    # mathtext and pygments warmed up on their threads (as when an answer starts streaming): how long, and how
+    # long the GUI thread's 5 ms sleeps overran meanwhile (the GIL it has to share)
+    t = time.perf_counter()
+    markdown_render.warm_up()
+    threads, gaps = [math_render.warming(), markdown_render._warm_code], []
+    while any(th.is_alive() for th in threads):
+        tick = time.perf_counter()
+        time.sleep(0.005)
+        gaps.append(time.perf_counter() - tick - 0.005)
+    warm_up = time.perf_counter() - t
     t = time.perf_counter()
     markdown_render.render_markdown("# warm-up\n\n```python\nx = 1\n```\n")
     first_no_math = time.perf_counter() - t
+    rss_math = rss_mb()
     t = time.perf_counter()
     first = markdown_render.render_markdown(text, key_prefix="m1-")
     first_render = time.perf_counter() - t
     assert len(first.code_blocks) == 3, first.code_blocks
     formulas = len(first.images)
-    rss_first = rss_mb()
 
     colds = []
     for _ in range(3):
@@ -136,8 +158,10 @@ def measure() -> dict:
         "html_chars": len(first.html),
         "import_renderer_ms": ms(import_renderer),
         "first_render_without_math_ms": ms(first_no_math),
-        "first_render_with_math_ms": ms(first_render),
-        "matplotlib_import_and_first_formula_ms": ms(first_render - statistics.median(colds)),
+        "sync_first_render_with_math_ms": sync_first_render(),
+        "warm_up_thread_ms": ms(warm_up),
+        "gui_thread_max_stall_during_warm_up_ms": ms(max(gaps, default=0.0)),
+        "first_render_after_warm_up_ms": ms(first_render),
         "cold_cache_render_ms": ms(statistics.median(colds)),
         "cold_cache_dark_render_ms": ms(dark_cold),
         "warm_render_ms": ms(statistics.median(warms)),
@@ -150,7 +174,7 @@ def measure() -> dict:
         "qt_layout_ms": statistics.median(lay),
         "rss_base_mb": round(rss0, 1),
         "rss_added_by_renderer_import_mb": round(rss_renderer - rss0, 1),
-        "rss_added_by_first_math_render_mb": round(rss_first - rss_renderer, 1),
+        "rss_added_by_mathtext_warm_up_mb": round(rss_math - rss_renderer, 1),
         "rss_added_total_mb": round(rss_after - rss0, 1),
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, Python "
                    f"{platform.python_version()}",
@@ -167,9 +191,12 @@ def report(r: dict) -> str:
         "| what | ms |",
         "|---|---:|",
         f"| import ui.markdown_render (markdown-it-py, plugins; no matplotlib) | {r['import_renderer_ms']} |",
-        f"| first render in the process, no math (pygments lexer load) | {r['first_render_without_math_ms']} |",
-        f"| first render of the answer (imports matplotlib mathtext, loads fonts) | {r['first_render_with_math_ms']} |",
-        f"| … of which matplotlib import + first formula | {r['matplotlib_import_and_first_formula_ms']} |",
+        f"| first render after the warm-up, no math (headings, a python block) | {r['first_render_without_math_ms']} |",
+        f"| first render of the answer in a fresh process, no warm-up (matplotlib import and fonts on the GUI "
+        f"thread) | {r['sync_first_render_with_math_ms']} |",
+        f"| markdown_render.warm_up(): mathtext import + fonts, pygments, on their threads | {r['warm_up_thread_ms']} |",
+        f"| … longest GUI-thread stall meanwhile (5 ms sleeps) | {r['gui_thread_max_stall_during_warm_up_ms']} |",
+        f"| first render of the answer after the warm-up | {r['first_render_after_warm_up_ms']} |",
         f"| render, cold caches (every formula typeset, code highlighted) | {r['cold_cache_render_ms']} |",
         f"| render in the dark palette, cold for dark images | {r['cold_cache_dark_render_ms']} |",
         f"| render, warm caches (median of 10) | {r['warm_render_ms']} |",
@@ -183,7 +210,7 @@ def report(r: dict) -> str:
         "|---|---:|",
         f"| base (Python + PySide6 QApplication) | {r['rss_base_mb']} |",
         f"| added by importing the renderer | {r['rss_added_by_renderer_import_mb']} |",
-        f"| added by the first render with math (matplotlib, fonts) | {r['rss_added_by_first_math_render_mb']} |",
+        f"| added by the mathtext warm-up (matplotlib, fonts) | {r['rss_added_by_mathtext_warm_up_mb']} |",
         f"| added in all after the runs (caches full) | {r['rss_added_total_mb']} |",
         "",
     ])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import html
 import re
+import threading
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -332,6 +333,20 @@ def _renderer_rules(md: MarkdownIt) -> None:
         md.add_render_rule(name, fn)
 
 
+_warm_code: threading.Thread | None = None
+
+
+def warm_up() -> None:
+    """Load mathtext and pygments on background threads (once): called by the first streaming render, so an
+    answer's first formula or code block does not stall the GUI thread; the view may call it earlier."""
+    global _warm_code
+    math_render.warm_up()
+    if _warm_code is None:
+        _warm_code = threading.Thread(target=lambda: highlight("x = 1\n", "python", False), daemon=True,
+                                      name="pygments-warm-up")
+        _warm_code.start()
+
+
 def open_fence_line(text: str) -> int | None:
     """The line of a code fence that is still open at the end of `text` (a reply still streaming), or None."""
     fence, at = None, None
@@ -356,6 +371,8 @@ def render_markdown(text: str, *, dark: bool = False, key_prefix: str = "", stre
     without highlighting or Copy; math, `\\boxed` and `\\[` that have not closed yet stay text. `font_px`: the
     body text's pixel size, which formulas are set to match."""
     md = _parser()
+    if streaming:
+        warm_up()
     if streaming and _HALF_CLOSED.search(text):
         text = text[:-1]  # "$$x = 1$": the second "$" is on its way; not an inline "$x = 1$" for one frame
     env = _Env(dark, key_prefix, streaming, open_fence_line(text) if streaming else None, font_px)

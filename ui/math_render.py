@@ -44,6 +44,8 @@ _DISPLAY_FRAC = re.compile(r"\\frac(?![A-Za-z])")  # display math: full-size fra
 _cache: OrderedDict[tuple, QImage | None] = OrderedDict()
 _lock = threading.Lock()
 _parser = None
+_parse_lock = threading.RLock()  # mathtext is not thread-safe; the warm-up thread and the GUI thread share it
+_warm: threading.Thread | None = None
 
 
 def normalize(tex: str) -> str:
@@ -133,8 +135,32 @@ def _ratio() -> float:
     return max(1.0, screen.devicePixelRatio()) if screen is not None else 1.0
 
 
+def warm_up() -> None:
+    """Import matplotlib's mathtext and load its fonts on a background thread (once), so the first formula does
+    not stall the GUI thread for the import (~0.3–1.5 s). A formula asked for meanwhile waits only for the rest."""
+    global _warm
+    if _parser is not None or _warm is not None:
+        return
+    _warm = threading.Thread(target=_warm_body, args=(_ratio(),), name="mathtext-warm-up", daemon=True)
+    _warm.start()
+
+
+def _warm_body(ratio: float) -> None:
+    for tex, display in [("x^2 + y_1", False), (r"\sum_{i=1}^n \int_0^1 \sqrt{x} \left(\frac{a}{b}\right) \leq \pi", True)]:
+        _raster(tex, 15 * (DISPLAY_SCALE if display else 1.0), ratio, display)
+
+
+def warming() -> threading.Thread | None:
+    return _warm
+
+
 def _raster(tex: str, px: float, ratio: float, display: bool = False):
     """(alpha mask as a numpy array, depth below the baseline in device pixels) or None."""
+    with _parse_lock:
+        return _raster_locked(tex, px, ratio, display)
+
+
+def _raster_locked(tex: str, px: float, ratio: float, display: bool):
     from matplotlib.font_manager import FontProperties
 
     tex = normalize(tex)
@@ -243,5 +269,8 @@ def text_box_image(text: str, *, dark: bool, font_px: int = 15) -> QImage:
 
 
 def cache_clear() -> None:
+    """Forget every image, and matplotlib's own parse cache (so a benchmark's 'cold' is cold)."""
     with _lock:
         _cache.clear()
+    if _parser is not None:
+        type(_parser)._parse_cached.cache_clear()

@@ -286,3 +286,15 @@ def test_formulas_follow_the_font_size():
     small, large = render_markdown("$x^2$", font_px=12), render_markdown("$x^2$", font_px=24)
     (s,), (g,) = small.images.values(), large.images.values()
     assert g.height() > 1.6 * s.height() and set(small.images) != set(large.images)
+
+
+def test_streaming_warms_mathtext_up_in_the_background():
+    code = ("import sys; from PySide6.QtWidgets import QApplication; app = QApplication([]);"
+            "from ui import math_render; from ui.markdown_render import render_markdown;"
+            "render_markdown('Let me think', streaming=True); t = math_render.warming();"
+            "assert t is not None and t.name == 'mathtext-warm-up'; t.join(120);"
+            "assert 'matplotlib.mathtext' in sys.modules; r = render_markdown('$x$', streaming=True);"
+            "assert len(r.images) == 1; print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**__import__("os").environ, "QT_QPA_PLATFORM": "offscreen"})
+    assert out.returncode == 0 and "ok" in out.stdout, out.stderr
