@@ -175,7 +175,8 @@ def code_block(code: str, lang: str, colours: dict, key: str | None) -> str:
             f'<td bgcolor="{c["code_head"]}" align="right" style="padding:3px 10px 3px 10px">'
             f'<span style="font-size:small">{copy}</span></td></tr>'
             f'<tr><td colspan="2" style="padding:8px 10px 8px 10px">'
-            f'<pre style="margin:0; font-family:{MONO}; color:{c["text"]}">{body}</pre></td></tr></table>\n')
+            f'<pre style="margin:0; white-space:pre-wrap; font-family:{MONO}; color:{c["text"]}">{body}</pre>'
+            f'</td></tr></table>\n')
 
 
 class _Env:
@@ -237,7 +238,7 @@ class _Env:
                 return (f'<table align="center" border="0" cellspacing="0" cellpadding="1" '
                         f'style="margin-top:6px; margin-bottom:6px">{trs}</table>\n')
         c = self.colours
-        return (f'<pre style="font-family:{MONO}; background-color:{c["inline_bg"]}; color:{c["text"]}">'
+        return (f'<pre style="white-space:pre-wrap; font-family:{MONO}; background-color:{c["inline_bg"]}; color:{c["text"]}">'
                 f'{esc(source)}</pre>\n')
 
     def boxed_prose(self, source: str) -> str:

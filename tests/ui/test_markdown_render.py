@@ -298,3 +298,11 @@ def test_streaming_warms_mathtext_up_in_the_background():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env={**__import__("os").environ, "QT_QPA_PLATFORM": "offscreen"})
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr
+
+
+def test_long_code_lines_wrap_inside_the_width_and_copy_whole():
+    line = "x = [" + ", ".join(str(i) for i in range(200)) + "]"
+    r = render_markdown(f"```python\n{line}\n```", key_prefix="w")
+    doc = document(r)
+    assert doc.idealWidth() <= 600 + 1 and doc.size().width() <= 600 + 1
+    assert r.code_blocks == {"w0": line}
