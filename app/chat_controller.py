@@ -2,90 +2,28 @@
 
 Saves the user's message, streams the reply into the store as it arrives (crash-safe, batched), keeps the
 live reply (thinking, answer, candidate streams) for the view, and records route, stats, candidates, vote
-and the settings used with every answer. Each chat may have a skill adapter (by library name, kept in the
-store); it goes with every request of that chat as `ReplyOptions.skill`. Widgets call it; it never touches widgets.
+and the settings used with every answer. A chat is a tree: regenerate, edit and think longer add a sibling
+(nothing is deleted) and `messages()` is the branch shown, switched with `switch_branch`. Each chat may have a
+skill adapter (by library name, kept in the store; it goes with every request as `ReplyOptions.skill`), a system
+prompt and sampling overrides applied on top of the options the window passes. Widgets call it; it never
+touches widgets.
 """
 from __future__ import annotations
 
-import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from PySide6.QtCore import QObject, Signal
 
-from core.config import SamplingConfig
 from core.prompts import reasoning_prompts
-from core.store import ChatStore, ReplyWriter, export_json, export_markdown
+from core.store import KEEP, ChatStore, ReplyWriter, export_json, export_markdown
 
-from .settings import AppSettings, load_settings, save_settings
+from .replies import LiveReply, ReplyOptions, answer_meta, history, sampling_of
+from .settings import AppSettings, chat_sampling, load_settings, save_settings
+
+__all__ = ["MODES", "ChatController", "LiveReply", "ReplyOptions", "answer_meta", "history", "sampling_of"]
 
 MODES = {"Auto": "auto", "Reason": "reason", "Fast": "base"}
-
-
-@dataclass
-class ReplyOptions:
-    mode: str = "auto"
-    budget: int | None = 256
-    parallel: int = 1
-    temperature: float = 0.7
-    top_p: float = 0.9
-    top_k: int = 40
-    repetition_penalty: float = 1.05
-    answer_max_tokens: int = 256
-    max_tokens: int = 1024
-    skill: str | None = None
-    """The chat's skill adapter (library name) that answers; None = the base model."""
-
-    @classmethod
-    def from_meta(cls, settings: dict | None) -> ReplyOptions:
-        """The options recorded with an earlier answer (keys this version does not know are ignored)."""
-        known = {k: v for k, v in (settings or {}).items() if k in cls.__dataclass_fields__}
-        return cls(**known)
-
-
-@dataclass
-class LiveReply:
-    """What the view shows while an answer streams."""
-
-    thinking: str = ""
-    answer: str = ""
-    thinking_tokens: int = 0
-    budget: int | None = None
-    started: float = field(default_factory=time.monotonic)
-    streams: dict = field(default_factory=dict)
-    """stream index -> {'thinking': str, 'answer': str} for parallel answers."""
-    conversation_id: str | None = None
-    message_id: int | None = None
-    """The stored row the reply streams into."""
-    replaces: tuple[int, ...] = ()
-    """Rows this reply replaces once it has finished (regenerate, edit, think longer)."""
-
-
-def history(messages) -> list[dict]:
-    """The conversation as the model sees it: each question with one reply (the last finished one when a
-    question kept several, e.g. a stopped "think longer" next to the answer it continued)."""
-    out: list[dict] = []
-    group: list = []
-
-    def flush():
-        if group:
-            best = next((m for m in reversed(group) if m.status == "complete"), group[-1])
-            out.append({"role": "assistant", "content": best.content})
-            group.clear()
-
-    for m in messages:
-        if m.role == "user":
-            flush()
-            out.append({"role": "user", "content": m.content})
-        elif m.content:
-            group.append(m)
-    flush()
-    return out
-
-
-def sampling_of(options: ReplyOptions) -> SamplingConfig:
-    return SamplingConfig(temperature=options.temperature, top_p=options.top_p, top_k=options.top_k,
-                          repetition_penalty=options.repetition_penalty, max_tokens=options.max_tokens)
 
 
 class ChatController(QObject):
@@ -105,6 +43,8 @@ class ChatController(QObject):
         self.live: LiveReply | None = None
         self._writer: ReplyWriter | None = None
         self._undo: dict | None = None
+        self._pending: dict = {"system_prompt": None, "sampling": {}}
+        """A new chat's system prompt and sampling overrides, stored once its first message creates it."""
         service.tokenReceived.connect(self._on_token)
         if store.recovered_from is not None:
             self.notice.emit(f"The chat database was unreadable; it was kept as {store.recovered_from.name} "
@@ -114,6 +54,7 @@ class ChatController(QObject):
     def new_chat(self) -> None:
         self.current = None
         self.adapter = None
+        self._pending = {"system_prompt": None, "sampling": {}}
         self.conversationOpened.emit("")
         self.messagesChanged.emit()
 
@@ -136,8 +77,44 @@ class ChatController(QObject):
             self.adapter = new
 
     def conversations(self) -> list[dict]:
-        """Every chat, most recently updated first: {'id', 'title', 'created', 'updated'}."""
+        """Every chat, pinned first, then most recently updated first: {'id', 'title', 'created', 'updated',
+        'pinned' (0/1), ...}."""
         return self.store.conversations()
+
+    def set_pinned(self, cid: str, pinned: bool) -> None:
+        self.store.set_pinned(cid, pinned)
+        self.conversationsChanged.emit()
+
+    def chat_settings(self) -> dict:
+        """The open chat's {'system_prompt': str | None, 'sampling': {key: value}} (a new chat: what it will get)."""
+        if self.current is None:
+            return {"system_prompt": self._pending["system_prompt"], "sampling": dict(self._pending["sampling"])}
+        stored = self.store.chat_settings(self.current)
+        return {**stored, "sampling": chat_sampling(stored["sampling"], strict=False)}
+
+    def set_chat_settings(self, system_prompt=KEEP, sampling=KEEP) -> None:
+        """Set the open chat's system prompt (None or blank: Ponder's own) and/or sampling overrides (a dict of
+        `settings.CHAT_SAMPLING_KEYS`; None or {}: none); an argument left out is kept. A bad value raises
+        ValueError and changes nothing."""
+        if sampling is not KEEP:
+            sampling = chat_sampling(sampling)
+        if system_prompt is not KEEP:
+            system_prompt = (system_prompt or "").strip() or None
+        if self.current is not None:
+            self.store.set_chat_settings(self.current, system_prompt=system_prompt, sampling=sampling)
+            return
+        if system_prompt is not KEEP:
+            self._pending["system_prompt"] = system_prompt
+        if sampling is not KEEP:
+            self._pending["sampling"] = sampling
+
+    def with_chat_settings(self, options: ReplyOptions) -> ReplyOptions:
+        """`options` (the window's, from the preferences) with the open chat's system prompt and overrides."""
+        settings = self.chat_settings()
+        over = dict(settings["sampling"])
+        if "answer_max_tokens" in over:
+            over["max_tokens"] = over["answer_max_tokens"]
+        return replace(options, system=settings["system_prompt"], **over)
 
     def search(self, text: str) -> list[dict]:
         """Full-text hits over all chats: {'id', 'conversation_id', 'title', 'snippet'}."""
@@ -174,7 +151,46 @@ class ChatController(QObject):
         return True
 
     def messages(self):
-        return self.store.messages(self.current) if self.current else []
+        """The open chat's shown branch, first message to last."""
+        return self.store.path(self.current) if self.current else []
+
+    # --- branches ------------------------------------------------------------------------------------
+    def branch(self, message) -> tuple[int, int]:
+        """(n, m): `message` (or its id) is alternative n of m (1-based) among its siblings."""
+        mid = getattr(message, "id", message)
+        sibs = self.store.siblings(mid)
+        return (sibs.index(mid) + 1, len(sibs)) if mid in sibs else (1, 1)
+
+    def switch_branch(self, message_id: int, delta: int) -> bool:
+        """Show the sibling `delta` places from shown message `message_id` (‹ -1, › +1; no wrap around)."""
+        if not self._can_change_branches(message_id):
+            return False
+        sibs = self.store.siblings(message_id)
+        target = sibs[max(0, min(len(sibs) - 1, sibs.index(message_id) + delta))]
+        if target == message_id:
+            return False
+        self.store.select(self.current, target)
+        self.messagesChanged.emit()
+        return True
+
+    def delete_message(self, message_id: int) -> bool:
+        """Delete shown message `message_id` and everything that follows it on any branch; a sibling (else its
+        parent's branch) is shown instead."""
+        if not self._can_change_branches(message_id):
+            return False
+        self.store.delete_branch(self.current, message_id)
+        self.store.touch(self.current)
+        self.conversationsChanged.emit()
+        self.messagesChanged.emit()
+        return True
+
+    def _can_change_branches(self, message_id: int) -> bool:
+        if self.current is None or all(m.id != message_id for m in self.messages()):
+            return False
+        if self.current_live is not None:
+            self.notice.emit("Wait for the answer to finish (or stop it) before changing this chat's branches.")
+            return False
+        return True
 
     @property
     def current_live(self) -> LiveReply | None:
@@ -185,7 +201,7 @@ class ChatController(QObject):
     # --- preferences and window state (kept in the chat database) -------------------------------------
     @property
     def data_dir(self) -> Path:
-        return self.store.path.parent
+        return self.store.file.parent
 
     def load_settings(self) -> AppSettings:
         return load_settings(self.store)
@@ -208,53 +224,63 @@ class ChatController(QObject):
             self.current = self.store.new_conversation(text.splitlines()[0][:48])
             if self.adapter is not None:
                 self.store.set_adapter(self.current, self.adapter)
+            self.store.set_chat_settings(self.current, **self._pending)
             self.conversationsChanged.emit()
             self.conversationOpened.emit(self.current)
         cid = self.current
-        self.store.add_message(cid, "user", text)
-        await self._answer(cid, history(self.store.messages(cid)), options)
+        options = self.with_chat_settings(options)
+        question = self.store.add_message(cid, "user", text)
+        await self._answer(cid, history(self.store.path(cid)), options, parent_id=question)
 
     async def regenerate(self, options: ReplyOptions) -> None:
-        """Answer the last question again; the old reply stays until the new one has finished."""
+        """Answer the last question again, as a new sibling of its reply: the old reply stays shown until the
+        new one has finished, then the new one is shown (the old one one step back with ‹)."""
         msgs = self.messages()
         if not msgs or self.service.busy:
             return
         q = max((i for i, m in enumerate(msgs) if m.role == "user"), default=None)
         if q is None:
             return
-        await self._answer(self.current, history(msgs[: q + 1]), options, replaces=tuple(m.id for m in msgs[q + 1:]))
+        await self._answer(self.current, history(msgs[: q + 1]), self.with_chat_settings(options),
+                           parent_id=msgs[q].id, replaces=tuple(m.id for m in msgs[q + 1:]))
 
     async def edit_and_resend(self, message_id: int, text: str, options: ReplyOptions) -> None:
-        """Ask `text` instead of message `message_id`; that message and what followed it are removed only
-        once the new answer has finished."""
+        """Ask `text` instead of question `message_id`: a new sibling of it (shown at once, kept even when the
+        answer fails: the user's text is never lost) with its own answer; the old question and everything that
+        followed it stay one step back with ‹."""
         text = text.strip()
         msgs = self.messages()
-        idx = next((i for i, m in enumerate(msgs) if m.id == message_id), None)
+        idx = next((i for i, m in enumerate(msgs) if m.id == message_id and m.role == "user"), None)
         if not text or idx is None or self.service.busy:
             return
         cid = self.current
-        self.store.add_message(cid, "user", text)  # kept even if the answer fails: the user's text is never lost
+        options = self.with_chat_settings(options)
+        question = self.store.add_message(cid, "user", text, parent_id=msgs[idx].parent_id)
         await self._answer(cid, history(msgs[:idx]) + [{"role": "user", "content": text}], options,
-                           replaces=tuple(m.id for m in msgs[idx:]))
+                           parent_id=question)
 
-    async def _answer(self, cid: str, messages: list[dict], options: ReplyOptions, replaces: tuple = ()) -> None:
-        skill = {"skill": options.skill} if options.skill else {}
+    async def _answer(self, cid: str, messages: list[dict], options: ReplyOptions, *, parent_id: int,
+                      replaces: tuple = ()) -> None:
+        extra = {"skill": options.skill} if options.skill else {}
+        if options.system:
+            extra["system"] = options.system
 
         async def call(key: str):
             return await self.service.ask(messages, sampling_of(options), mode=options.mode, budget=options.budget,
                                           answer_max_tokens=options.answer_max_tokens, parallel=options.parallel,
-                                          trace_key=key, **skill)
+                                          trace_key=key, **extra)
 
         budget = options.budget if options.mode != "base" else None
-        await self._run(cid, options, call, replaces=replaces, budget=budget)
+        await self._run(cid, options, call, parent_id=parent_id, replaces=replaces, budget=budget)
 
     def can_think_longer(self, message) -> bool:
         """A reasoning reply (it has a trace) and an engine that can reason."""
         return bool(message.role == "assistant" and message.thinking and self.service.can_reason)
 
     async def think_longer(self, message_id: int | None = None, extra_budget: int = 256) -> None:
-        """Continue a reasoning reply's trace (by default the chat's last reply) and answer again. The reply
-        stays until the continuation has finished; a stopped or failed continuation leaves it as it was."""
+        """Continue a reasoning reply's trace (by default the chat's last reply) and answer again, as a new
+        sibling of the reply (its trace kept under the new message's id). The reply stays shown until the
+        continuation has finished; a stopped or failed continuation leaves the shown branch as it was."""
         msgs = self.messages()
         if self.service.busy:
             return
@@ -270,24 +296,28 @@ class ChatController(QObject):
         options = ReplyOptions.from_meta(target.meta.get("settings"))
         shown = target.meta.get("budget")  # the budget so far (grows with each continuation)
         budget = options.budget if "settings" in target.meta else shown  # the one its prompt was built with
+        system = {"system": options.system} if options.system else {}  # the prompt the trace was made with
 
         async def call(key: str):
             return await self.service.think_longer(
                 history(msgs[: q + 1]), target.thinking, trace_key=str(target.id), new_trace_key=key,
                 extra_budget=extra_budget, budget=budget, answer_max_tokens=options.answer_max_tokens,
-                sampling=sampling_of(options))
+                sampling=sampling_of(options), **system)
 
-        await self._run(self.current, options, call, replaces=replies, thinking=target.thinking,
-                        budget=(shown or 0) + extra_budget, tokens=target.meta.get("thinking_tokens", 0))
+        await self._run(self.current, options, call, parent_id=target.parent_id, replaces=replies,
+                        thinking=target.thinking, budget=(shown or 0) + extra_budget,
+                        tokens=target.meta.get("thinking_tokens", 0))
 
-    async def _run(self, cid: str, options: ReplyOptions, call, *, replaces: tuple = (), thinking: str = "",
-                   budget: int | None = None, tokens: int = 0) -> None:
-        """Stream a reply into a new row; rows in `replaces` are removed only when it finished."""
-        writer = ReplyWriter(self.store, cid, meta={"settings": asdict(options)})
+    async def _run(self, cid: str, options: ReplyOptions, call, *, parent_id: int | None, replaces: tuple = (),
+                   thinking: str = "", budget: int | None = None, tokens: int = 0) -> None:
+        """Stream a reply into a new row after `parent_id`: shown at once, or, as an alternative to the shown
+        rows `replaces`, only once it has finished."""
+        writer = ReplyWriter(self.store, cid, meta={"settings": asdict(options)}, parent_id=parent_id,
+                             activate=not replaces)
         writer.thinking = thinking
         self._writer = writer
         self.live = LiveReply(thinking=thinking, thinking_tokens=tokens, budget=budget, conversation_id=cid,
-                              message_id=writer.id, replaces=tuple(replaces))
+                              message_id=writer.id, parent_id=parent_id, replaces=tuple(replaces))
         self.messagesChanged.emit()
         answer = None
         try:
@@ -323,17 +353,14 @@ class ChatController(QObject):
         finished = status == "complete"
         opened = base_thinking + reasoning_prompts()["think_longer"]  # a continuation that only got its opener
         if replaces and not finished and not content.strip() and thinking in (base_thinking, opened):
-            self._remove(cid, (writer.id,))  # nothing new: drop the empty replacement row
+            self.store.delete_messages(cid, (writer.id,))  # nothing new: drop the empty alternative's row
         else:
             writer.finish(status, content=content, thinking=thinking, meta=meta)
-        if finished and replaces:
-            self._remove(cid, replaces)
+            if finished and replaces:
+                self.store.select(cid, writer.id)  # the finished alternative is shown; the old one stays a sibling
         self.store.touch(cid)
         self.conversationsChanged.emit()
         self.messagesChanged.emit()
-
-    def _remove(self, cid: str, ids: tuple) -> None:
-        self.store.delete_messages(cid, ids)
 
     def pick_candidate(self, message_id: int, index: int) -> None:
         """Use another candidate's answer as the reply."""
@@ -342,24 +369,3 @@ class ChatController(QObject):
         meta = {**msg.meta, "chosen": index, "picked_by_user": True}
         self.store.update_message(message_id, content=cand["text"], thinking=cand["thinking"], meta=meta)
         self.messagesChanged.emit()
-
-
-def answer_meta(answer, options: ReplyOptions) -> dict:
-    s = answer.stats
-    route = answer.route
-    meta = {
-        "settings": asdict(options), "model": answer.model, "precision": s.precision, "kv": s.kv,
-        "route": None if route is None else {"reason": route.reason, "probability": route.probability,
-                                             "source": route.source},
-        "adapter": answer.adapter, "thinking_tokens": answer.thinking_tokens, "answer_tokens": answer.answer_tokens,
-        "budget": answer.budget, "budget_forced": answer.budget_forced, "ttft_s": s.ttft_s,
-        "decode_tok_s": s.decode_tok_s, "tokens": s.completion_tokens, "finish_reason": answer.finish_reason,
-    }
-    if getattr(answer, "resumed", None):
-        meta["resumed"] = answer.resumed
-    if answer.candidates:
-        meta["candidates"] = [c.to_dict() for c in answer.candidates]
-        meta["vote"] = {"method": answer.vote_method, "table": [list(r) for r in answer.vote_table],
-                        "tie": bool(getattr(answer, "vote_tie", False))}
-        meta["chosen"] = answer.chosen
-    return meta

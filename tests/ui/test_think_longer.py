@@ -1,7 +1,9 @@
-"""Think longer, regenerate and edit-and-resend never lose a stored reply: the replacement streams into a new row
-and the old reply goes only once the replacement has finished. Think longer continues the trace of the reply it
-was asked on (keyed by that message's id), in its own chat, after a restart too (the engine then rebuilds the
-trace from the stored text). Real chat store (sqlite), scripted engine, the window driven as a user would."""
+"""Think longer, regenerate and edit-and-resend never lose a stored reply: the new one streams into a new row, a
+sibling of the old one, and is shown in its place only once it has finished; a failed, crashed or stopped one
+leaves the shown branch as it was (what it produced stays a sibling). Think longer continues the trace of the
+reply it was asked on (keyed by that message's id), in its own chat, after a restart too (the engine then
+rebuilds the trace from the stored text). Real chat store (sqlite), scripted engine, the window driven as a user
+would."""
 import pytest
 
 from app.chat_controller import ChatController
@@ -62,6 +64,8 @@ def test_think_longer_after_switching_chats_continues_that_chats_question(window
     assert new.id != a.id and call["new_trace_key"] == str(new.id)  # the continuation is keyed to its own row
     assert new.thinking.startswith(a.thinking) and "more0" in new.thinking and new.content.startswith("Final answer: 43")
     assert new.status == "complete" and new.meta["resumed"] == "cache" and new.meta["budget"] == 128 + 256
+    assert window.controller.branch(new) == (2, 2) and window.controller.switch_branch(new.id, -1)
+    assert window.controller.messages()[1] == a  # the reply it continued is kept, one step back
     other = [c["id"] for c in window.controller.conversations() if c["id"] != chat_a][0]
     window.controller.open(other)
     assert snapshot(window) == chat_b_before and snapshot(window)[-1][0] == b.id
@@ -109,9 +113,11 @@ def test_crash_while_thinking_longer_keeps_the_reply_and_the_partial_continuatio
     reply = ask(win, loop, "Why?", "reason")
     msgs = think_longer(win, loop, reply)
     assert "crashed" in win.status.text()
-    assert msgs[1] == reply
+    assert msgs[1] == reply and len(msgs) == 2  # still shown
     opener = reasoning_prompts()["think_longer"]
-    assert msgs[2].status == "incomplete" and msgs[2].thinking == reply.thinking + opener + "more0 more1 more2 "
+    partial = win.controller.store.messages(win.controller.current)[-1]  # kept as the reply's sibling
+    assert win.controller.store.siblings(reply.id) == [reply.id, partial.id] and win.controller.branch(reply) == (1, 2)
+    assert partial.status == "incomplete" and partial.thinking == reply.thinking + opener + "more0 more1 more2 "
     win.service.shutdown()
 
 
@@ -121,7 +127,7 @@ def test_crash_before_any_new_thinking_leaves_no_empty_row(qtbot, loop, tmp_path
     reply = ask(win, loop, "Why?", "reason")
     msgs = think_longer(win, loop, reply)
     assert "crashed" in win.status.text()
-    assert msgs[-1] == reply and len(msgs) == 2
+    assert msgs[-1] == reply and len(msgs) == 2 and win.controller.branch(reply) == (1, 1)
     assert win.view.offered(reply.id, "think")  # still offered on the real reply
     win.service.shutdown()
 
@@ -134,9 +140,10 @@ def test_stopped_think_longer_leaves_the_reply_intact(qtbot, loop, tmp_path):
     win.composer.stopRequested.emit()
     wait_idle(win, loop)
     msgs = win.controller.messages()
-    assert msgs[1] == reply
-    assert all(m.id == reply.id or m.status == "cancelled" for m in msgs[1:])  # a kept partial is marked stopped
-    assert all(m.thinking.startswith(reply.thinking) for m in msgs[1:])
+    assert msgs[1] == reply and len(msgs) == 2  # still shown
+    kept = [m for m in win.controller.store.messages(win.controller.current) if m.id not in (msgs[0].id, reply.id)]
+    assert all(m.status == "cancelled" and m.parent_id == reply.parent_id for m in kept)  # a sibling, marked stopped
+    assert all(m.thinking.startswith(reply.thinking) for m in kept)
     win.service.shutdown()
 
 
@@ -150,13 +157,15 @@ def test_think_longer_only_on_reasoning_replies_of_an_engine_that_can_reason(win
     assert not any(window.view.offered(m.id, "think") for m in window.controller.messages())
 
 
-def test_failed_regenerate_keeps_the_answer_and_a_finished_one_replaces_it(window, loop, engine):
+def test_failed_regenerate_keeps_the_answer_and_a_finished_one_is_shown_as_its_sibling(window, loop, engine):
     first = ask(window, loop, "Tell me", "base")
     engine.crash_after = 1
     window.on_action("regen", [])
     wait_idle(window, loop)
     msgs = window.controller.messages()
-    assert msgs[1] == first and msgs[2].status == "incomplete" and msgs[2].content == "The "
+    assert msgs[1] == first and len(msgs) == 2  # still shown
+    partial = window.controller.store.messages(window.controller.current)[-1]
+    assert partial.status == "incomplete" and partial.content == "The " and window.controller.branch(first) == (1, 2)
     engine.crash_after = None
     window.on_action("regen", [])
     wait_idle(window, loop)
@@ -164,9 +173,12 @@ def test_failed_regenerate_keeps_the_answer_and_a_finished_one_replaces_it(windo
     assert [m.role for m in msgs] == ["user", "assistant"] and msgs[1].id > first.id
     assert msgs[1].status == "complete" and msgs[1].content == "The answer is 42."
     assert engine.calls[-1][1]["messages"] == [{"role": "user", "content": "Tell me"}]
+    assert window.controller.branch(msgs[1]) == (3, 3)  # nothing deleted: first, the partial, the new one
+    window.controller.switch_branch(msgs[1].id, -2)
+    assert window.controller.messages()[1] == first
 
 
-def test_edit_and_resend_removes_the_old_turn_only_when_the_new_answer_finished(window, loop, engine, monkeypatch):
+def test_edit_and_resend_adds_a_question_sibling_and_the_old_turn_stays_reachable(window, loop, engine, monkeypatch):
     from ui import dialogs
 
     ask(window, loop, "Tell me", "base")
@@ -176,14 +188,17 @@ def test_edit_and_resend_removes_the_old_turn_only_when_the_new_answer_finished(
     engine.crash_after = 0
     window.on_action("edit", [str(question.id)])
     wait_idle(window, loop)
-    msgs = snapshot(window)
-    assert msgs[:2] == before and msgs[2][1:3] == ("user", "Tell me more")  # nothing lost, the edit kept
+    msgs = window.controller.messages()
+    assert (msgs[0].role, msgs[0].content) == ("user", "Tell me more")  # the edit is kept and shown
+    assert msgs[1].status == "incomplete" and window.controller.branch(msgs[0]) == (2, 2)
     engine.crash_after = None
-    window.on_action("edit", [str(question.id)])
+    window.on_action("edit", [str(msgs[0].id)])
     wait_idle(window, loop)
     msgs = window.controller.messages()
-    assert [(m.role, m.content) for m in msgs][-2:] == [("user", "Tell me more"), ("assistant", "The answer is 42.")]
-    assert question.id not in [m.id for m in msgs]
+    assert [(m.role, m.content) for m in msgs] == [("user", "Tell me more"), ("assistant", "The answer is 42.")]
+    assert window.controller.branch(msgs[0]) == (3, 3)
+    window.controller.switch_branch(msgs[0].id, -2)
+    assert snapshot(window) == before  # the original turn, with its reply
 
 
 def test_history_sends_one_reply_per_question(tmp_path, qapp):
