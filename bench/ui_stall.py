@@ -1,5 +1,6 @@
 """GUI responsiveness benchmark: the longest event-loop stall while the real window streams answers from the
-embedded model (fast, reasoning, 4 parallel answers), and how long Stop takes to end an answer.
+embedded model (fast, reasoning, 4 parallel answers, and a 2,000-token answer streaming into a chat that already
+holds 50 messages with Markdown, code and math), and how long Stop takes to end an answer.
 
 A 5 ms asyncio ticker runs on the Qt event loop (qasync, as in the app); a stall is the time between two
 ticks minus the 5 ms. The window is the app's own MainWindow on a temporary chat database, offscreen.
@@ -23,6 +24,33 @@ CASES = [  # (label, prompt, mode, budget, parallel)
     ("reasoning, budget 128", "A train travels 60 km in 45 minutes. What is its speed in km/h?", "reason", 128, 1),
     ("4 parallel answers, budget 64", "What is 15% of 240?", "reason", 64, 4),
 ]
+LONG_CASE = "2,000-token answer in a 50-message chat"
+LONG_PROMPT = ("Write a very long, detailed tutorial on sorting algorithms in Python: for each algorithm explain the "
+               "idea, give its complexity as a formula like $O(n \\log n)$, and show a full code example.")
+PREFILL_REPLY = """Here is how to do it:
+
+1. Start with the **sum** $s = \\sum_{i=1}^{n} i = \\frac{n(n+1)}{2}$, so for $n = 10$ we get $\\boxed{55}$.
+2. Check it in code:
+
+```python
+def total(n: int) -> int:
+    return sum(range(1, n + 1)) if n > 0 and n < 10**6 else 0
+```
+
+| n | sum |
+|---|---:|
+| 10 | 55 |
+| 100 | 5050 |
+"""
+
+
+def prefill(store, messages: int = 50) -> str:
+    """A chat already holding `messages` messages (questions and Markdown replies with code, a table and math)."""
+    cid = store.new_conversation("A long chat")
+    for i in range(messages // 2):
+        store.add_message(cid, "user", f"Question {i + 1}: what is the sum of 1..{10 * (i + 1)}?")
+        store.add_message(cid, "assistant", PREFILL_REPLY, meta={"tokens": 120})
+    return cid
 
 
 class StallProbe:
@@ -59,7 +87,7 @@ async def wait_for(predicate, timeout: float):
         await asyncio.sleep(0.01)
 
 
-async def measure(window, probe: StallProbe, max_tokens: int) -> dict:
+async def measure(window, probe: StallProbe, max_tokens: int, long_tokens: int = 2000) -> dict:
     from dataclasses import replace
 
     results = {}
@@ -77,6 +105,22 @@ async def measure(window, probe: StallProbe, max_tokens: int) -> dict:
         reply = window.controller.messages()[-1]
         stats.update(seconds=time.perf_counter() - started, tokens=reply.meta.get("tokens", 0))
         results[label] = stats
+    # a long answer streaming into a chat that already holds 50 messages (only the live card is redrawn)
+    window.apply_settings(replace(window.settings, answer_max_tokens=long_tokens))
+    window.controller.open(prefill(window.controller.store))
+    window.composer.apply("base", 256, 1)
+    window.composer.input.setPlainText(LONG_PROMPT)
+    probe.start()
+    started = time.perf_counter()
+    window.composer.send_button.click()
+    await wait_for(lambda: window.service.busy, 30)
+    await wait_for(lambda: not window.service.busy, 1800)
+    stats = probe.stop()
+    reply = window.controller.messages()[-1]
+    stats.update(seconds=time.perf_counter() - started, tokens=reply.meta.get("tokens", 0),
+                 chat_messages=len(window.controller.messages()))
+    results[LONG_CASE] = stats
+    window.apply_settings(replace(window.settings, answer_max_tokens=max_tokens))
     # Stop: how long from the click until the answer has ended and the composer is usable again
     window.new_chat()
     window.composer.apply("base", 256, 1)
@@ -95,6 +139,7 @@ def main(argv=None) -> int:
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     p = argparse.ArgumentParser(prog="python -m bench.ui_stall")
     p.add_argument("--max-tokens", type=int, default=96, help="answer cap per case")
+    p.add_argument("--long-tokens", type=int, default=2000, help="answer cap of the long-chat case")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
 
@@ -119,7 +164,7 @@ def main(argv=None) -> int:
         loaded = loop.run_until_complete(service.start())
         if not loaded:
             raise SystemExit("the embedded model could not be loaded (run `make model` first)")
-        results = loop.run_until_complete(measure(window, probe, args.max_tokens))
+        results = loop.run_until_complete(measure(window, probe, args.max_tokens, args.long_tokens))
         service.shutdown()
         window.close()
         window.deleteLater()

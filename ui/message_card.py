@@ -9,7 +9,7 @@ import time
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QIcon, QPalette
-from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QStyle, QToolButton, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QApplication, QFrame, QHBoxLayout, QLabel, QPushButton, QStyle, QToolButton, QVBoxLayout, QWidget
 
 from .reasoning_views import FitBrowser, StreamRows, ThinkingCard
 from .vote_chart import VotePanel
@@ -166,7 +166,8 @@ class MessageCard(QFrame):
         super().enterEvent(event)
 
     def leaveEvent(self, event) -> None:
-        if not self.isAncestorOf(self.focusWidget() or self):
+        focus = QApplication.focusWidget()
+        if focus is None or not self.isAncestorOf(focus):  # keyboard users keep the buttons
             self.bar.setVisible(False)
         super().leaveEvent(event)
 

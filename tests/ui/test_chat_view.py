@@ -1,0 +1,194 @@
+"""The transcript's cards on real widgets (offscreen): streaming touches only the live card (a selection in an
+earlier card, the scroll position and the other cards' documents survive), Markdown/code/math through the card,
+hover buttons with accessible names emitting their verbs, ‹ n/m ›, the error card, rows per parallel stream; and
+the window streaming a long answer from the scripted engine while the user has text selected."""
+import time
+
+from PySide6.QtCore import QEvent, QPointF
+from PySide6.QtGui import QEnterEvent, QTextCursor
+from PySide6.QtWidgets import QApplication
+
+from app.chat_controller import LiveReply
+from core.store import Message
+from tests.qt_helpers import run_until
+from tests.ui.helpers import ask, make_window
+from tests.ui.scripted_engine import ScriptedEngine
+from ui.chat_view import ChatView
+
+LONG = "\n\n".join(f"Paragraph {i}: the quick brown fox jumps over the lazy dog." for i in range(30))
+
+
+def msg(mid, role, content, thinking="", status="complete", meta=None):
+    return Message(mid, "c1", role, content, thinking, status, time.time(), meta or {})
+
+
+def view_with(qtbot, messages, live=None, **kw):
+    view = ChatView()
+    qtbot.addWidget(view)
+    view.resize(700, 500)
+    view.show()
+    view.render(messages, live, **kw)
+    QApplication.processEvents()  # new cards show on the next turn of the event loop
+    return view
+
+
+def select(card, start=10, end=40):
+    cursor = card.content.textCursor()
+    cursor.setPosition(start)
+    cursor.setPosition(end, QTextCursor.MoveMode.KeepAnchor)
+    card.content.setTextCursor(cursor)
+    return cursor.selectedText()
+
+
+def test_streaming_keeps_a_selection_in_an_earlier_card_and_rebuilds_nothing_else(qtbot):
+    history = [msg(1, "user", "Tell me a story"), msg(2, "assistant", LONG), msg(3, "user", "Another one"),
+               msg(4, "assistant", "", status="streaming")]
+    live = LiveReply(conversation_id="c1", message_id=4)
+    view = view_with(qtbot, history, live, busy=True)
+    cards = {mid: view.card(mid) for mid in (1, 2, 3, 4)}
+    revisions = {mid: cards[mid].content.revision for mid in (1, 2, 3)}
+    selected = select(cards[2])
+    assert selected and cards[2].content.textCursor().hasSelection()
+    for i in range(300):  # tokens arrive; the window redraws the live card every 50 ms and sometimes all
+        live.answer += f"token{i} "
+        if i % 10 == 0:
+            assert view.update_live(live)
+        if i % 100 == 50:
+            view.render(history, live, busy=True)
+    assert cards[2].content.textCursor().selectedText() == selected
+    assert {mid: view.card(mid) for mid in (1, 2, 3, 4)} == cards  # the same widgets
+    assert {mid: cards[mid].content.revision for mid in (1, 2, 3)} == revisions  # documents not rebuilt
+    assert "token290" in cards[4].content.toPlainText()
+    done = history[:3] + [msg(4, "assistant", live.answer)]
+    view.render(done, None)
+    assert view.card(4) is cards[4] and cards[2].content.textCursor().selectedText() == selected
+
+
+def test_auto_scroll_only_when_at_the_bottom(qtbot):
+    history = [msg(i, "user" if i % 2 else "assistant", LONG) for i in range(1, 7)] + [
+        msg(7, "assistant", "", status="streaming")]
+    live = LiveReply(conversation_id="c1", message_id=7)
+    view = view_with(qtbot, history, live, busy=True)
+    bar = view.verticalScrollBar()
+    qtbot.waitUntil(lambda: bar.maximum() > 0)
+    bar.setValue(bar.maximum())
+    live.answer = LONG
+    view.update_live(live)
+    qtbot.waitUntil(lambda: bar.value() == bar.maximum() and bar.maximum() > 0)
+    bar.setValue(100)  # the user scrolls up to read
+    live.answer += "\n\n" + LONG
+    view.update_live(live)
+    qtbot.wait(50)
+    assert bar.value() == 100 and bar.maximum() > 100
+
+
+def test_math_and_code_render_through_the_card(qtbot):
+    text = ("The area is $\\pi r^2$, so $\\boxed{8}$.\n\n```python\nif a < b and c & d:\n    print('<tag>')\n```\n"
+            "And <b>not bold</b> &amp; literal.")
+    view = view_with(qtbot, [msg(1, "user", "Area?"), msg(2, "assistant", text)])
+    card = view.card(2)
+    assert card.content.images, "formulas are drawn as images"
+    plain = card.content.toPlainText()
+    assert "if a < b and c & d:" in plain and "print('<tag>')" in plain
+    assert "<b>not bold</b> & literal" in plain  # typed HTML shown as text (an entity is CommonMark's)
+    assert list(view.code_blocks.values()) == ["if a < b and c & d:\n    print('<tag>')"]
+    key = next(iter(view.code_blocks))
+    with qtbot.waitSignal(view.action) as got:
+        card.content.linkClicked.emit(f"ponder:copycode/{key}")
+    assert got.args == ["copycode", [key]]
+
+
+def test_hover_buttons_have_names_and_emit_their_verbs(qtbot):
+    meta = {"route": {"reason": True}, "thinking_tokens": 5, "budget": 8}
+    view = view_with(qtbot, [msg(1, "user", "Why?"), msg(2, "assistant", "Because.", thinking="hmm", meta=meta)],
+                     can_reason=True, can_delete=True)
+    user, reply = view.card(1), view.card(2)
+    assert user.offered("edit") and user.offered("copy") and not user.offered("regenerate")
+    for verb in ("copy", "regenerate", "think", "details", "delete"):
+        assert reply.offered(verb), verb
+        button = reply.buttons[verb]
+        assert button.accessibleName() and button.toolTip() and not button.icon().isNull()
+        with qtbot.waitSignal(view.action) as got:
+            button.click()
+        assert got.args == [verb, ["2"]]
+    with qtbot.waitSignal(view.action) as got:
+        user.buttons["edit"].click()
+    assert got.args == ["edit", ["1"]]
+    QApplication.sendEvent(reply, QEvent(QEvent.Type.Leave))
+    assert not reply.bar.isVisible()  # shown on hover
+    QApplication.sendEvent(reply, QEnterEvent(QPointF(5, 5), QPointF(5, 5), QPointF(5, 5)))
+    assert reply.bar.isVisible()
+    QApplication.sendEvent(reply, QEvent(QEvent.Type.Leave))
+    assert not reply.bar.isVisible()
+    view.render([msg(1, "user", "Why?"), msg(2, "assistant", "Because.", thinking="hmm", meta=meta)],
+                can_reason=False)
+    assert not reply.offered("think") and not reply.offered("delete")  # the engine cannot think longer
+
+
+def test_branch_navigation_shows_n_of_m_and_emits_branch(qtbot):
+    history = [msg(1, "user", "Q"), msg(2, "assistant", "A second try")]
+    view = view_with(qtbot, history, branches={2: (2, 3)})
+    card = view.card(2)
+    assert card.nav.isVisibleTo(card) and card.branch_label.text() == "2/3" and "‹ 2/3 ›" in view.toPlainText()
+    assert not view.card(1).nav.isVisibleTo(view.card(1))
+    for button, delta in ((card.prev_button, "-1"), (card.next_button, "+1")):
+        assert button.accessibleName() and button.isEnabled()
+        with qtbot.waitSignal(view.action) as got:
+            button.click()
+        assert got.args == ["branch", ["2", delta]]
+    view.render(history, branches={2: (3, 3)})
+    assert not card.next_button.isEnabled() and card.branch_label.text() == "3/3"
+
+
+def test_a_failed_reply_is_an_error_card_with_retry(qtbot):
+    view = view_with(qtbot, [msg(1, "user", "Q")])
+    view.set_error("the model crashed")
+    view.render([msg(1, "user", "Q"), msg(2, "assistant", "Par", status="incomplete")])
+    card = view.card(2)
+    assert card.error.isVisibleTo(card) and "the model crashed" in view.toPlainText()
+    with qtbot.waitSignal(view.action) as got:
+        card.retry_button.click()
+    assert got.args == ["retry", ["2"]]
+    view.render([msg(1, "user", "Q"), msg(2, "assistant", "Par", status="cancelled",
+                                          meta={"finish_reason": "cancelled"})])
+    assert not card.error.isVisibleTo(card) and "Stopped." in view.toPlainText()
+
+
+def test_parallel_answers_stream_as_one_row_each_with_phase_and_tokens(qtbot):
+    live = LiveReply(conversation_id="c1", message_id=2, budget=64)
+    view = view_with(qtbot, [msg(1, "user", "Q"), msg(2, "assistant", "", status="streaming")], live, busy=True)
+    live.streams = {i: {"thinking": "abcd" * (i + 1), "answer": ""} for i in range(4)}
+    live.streams[3]["answer"] = "42"
+    view.update_live(live)
+    rows = view.card(2).streams
+    assert len(rows.rows) == 4 and rows.phases == {0: "thinking", 1: "thinking", 2: "thinking", 3: "answering"}
+    assert rows.rows[1][3].text().endswith("2/64 thinking · 0 answer") and rows.rows[1][2].maximum() == 64
+    rows.update_streams(live.streams, 64, now=time.monotonic() + 5)  # nothing grew for a while: verifying
+    assert set(rows.phases.values()) == {"verifying"}
+    thinking = view.card(2).thinking
+    assert thinking.isVisibleTo(view.card(2)) and thinking.header.text().startswith("Thinking…")
+
+
+def test_the_window_streams_an_answer_while_an_earlier_selection_stays(qtbot, loop, tmp_path):
+    engine = ScriptedEngine()
+    win = make_window(qtbot, loop, tmp_path, engine)
+    win.resize(900, 700)
+    win.show()
+    first = ask(win, loop, "Why?", "reason", budget=64)
+    card = win.view.card(first.id)
+    revision, selected = card.content.revision, select(card, 0, 8)
+    assert selected and "Thought for" in card.thinking.header.text()
+    engine.delay_s = 0.15  # the scripted base answer: 4 tokens, 0.15 s apart
+    win.composer.apply("base", 64, 1)
+    win.composer.input.setPlainText("And again?")
+    win.composer.send_button.click()
+    assert run_until(loop, lambda: win.controller.live is not None and win.controller.live.answer, 10)
+    live_card = win.view.card(win.controller.live.message_id)
+    assert run_until(loop, lambda: "answer" in live_card.content.toPlainText(), 5)  # redrawn while streaming
+    assert card.content.textCursor().selectedText() == selected and card.content.revision == revision
+    assert run_until(loop, lambda: not win.service.busy, 30)
+    win.render()
+    assert win.view.card(first.id) is card and card.content.revision == revision
+    assert card.content.textCursor().selectedText() == selected
+    assert "The answer is 42." in live_card.content.toPlainText()
+    win.service.shutdown()
