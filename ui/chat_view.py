@@ -5,6 +5,8 @@ reader's place survive streaming. Auto-scroll follows new text only while the us
 actions come out as `action(verb, args)`."""
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QApplication, QFrame, QLabel, QScrollArea, QVBoxLayout, QWidget
 
@@ -22,6 +24,18 @@ QFrame#errorCard { background: rgba(217, 48, 37, 0.12); border-radius: 8px; }
 QLabel#cardAuthor { font-weight: 600; }
 QLabel#cardNote { color: palette(placeholder-text); font-style: italic; }
 """
+
+
+class LiveRow(NamedTuple):
+    """The row of a reply that streams as an alternative (regenerate, think longer): not on the shown branch
+    until it has finished, shown below the reply it may replace."""
+
+    id: int
+    role: str
+    content: str
+    thinking: str
+    status: str
+    meta: dict
 
 
 class ChatView(QScrollArea):
@@ -116,6 +130,9 @@ class ChatView(QScrollArea):
         last_assistant = max((m.id for m in messages if m.role == "assistant"), default=None)
         last_failed = next((m.id for m in reversed(messages) if failed(m)), None)
         ids = [m.id for m in messages]
+        if self.live_id is not None and self.live_id not in ids:  # an alternative streams after the shown reply
+            messages = [*messages, LiveRow(self.live_id, "assistant", "", "", "streaming", {})]
+            ids.append(self.live_id)
         for m in messages:
             card = self._card(m)
             if m.id == self.live_id:

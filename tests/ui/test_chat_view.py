@@ -192,3 +192,16 @@ def test_the_window_streams_an_answer_while_an_earlier_selection_stays(qtbot, lo
     assert card.content.textCursor().selectedText() == selected
     assert "The answer is 42." in live_card.content.toPlainText()
     win.service.shutdown()
+
+
+def test_an_alternative_streams_below_the_shown_reply_and_takes_its_place_when_done(qtbot):
+    shown = [msg(1, "user", "Q"), msg(2, "assistant", "Old answer")]
+    live = LiveReply(conversation_id="c1", message_id=3, replaces=(2,), answer="New ans")
+    view = view_with(qtbot, shown, live, busy=True)
+    old, new = view.card(2), view.card(3)
+    assert view.order == [1, 2, 3] and "Old answer" in view.toPlainText() and "New ans" in view.toPlainText()
+    assert "The earlier answer stays until this one has finished." in view.toPlainText()
+    view.render([shown[0], msg(3, "assistant", "New answer")], None, branches={3: (2, 2)})
+    QApplication.processEvents()
+    assert view.order == [1, 3] and view.card(3) is new and view.card(2) is None
+    assert "Old answer" not in view.toPlainText() and "‹ 2/2 ›" in view.toPlainText()
