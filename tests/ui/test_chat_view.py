@@ -198,7 +198,7 @@ def test_an_alternative_streams_below_the_shown_reply_and_takes_its_place_when_d
     shown = [msg(1, "user", "Q"), msg(2, "assistant", "Old answer")]
     live = LiveReply(conversation_id="c1", message_id=3, replaces=(2,), answer="New ans")
     view = view_with(qtbot, shown, live, busy=True)
-    old, new = view.card(2), view.card(3)
+    new = view.card(3)
     assert view.order == [1, 2, 3] and "Old answer" in view.toPlainText() and "New ans" in view.toPlainText()
     assert "The earlier answer stays until this one has finished." in view.toPlainText()
     view.render([shown[0], msg(3, "assistant", "New answer")], None, branches={3: (2, 2)})
