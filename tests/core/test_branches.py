@@ -191,3 +191,16 @@ def test_exports_show_the_shown_branch_and_json_keeps_every_branch(tmp_path):
     assert [m["content"] for m in data["messages"]] == ["q1", "a2"]
     assert [(m["id"], m["parent_id"], m["content"]) for m in data["all_messages"]] == [
         (q1, None, "q1"), (a1, q1, "a1"), (a2, q1, "a2")]
+
+
+def test_an_alternative_cut_by_a_crash_is_an_incomplete_sibling_and_the_shown_branch_is_kept(tmp_path):
+    store = ChatStore(tmp_path / "chats.db", flush_s=0)
+    cid, q1, a1, a2 = chat(store)
+    writer = ReplyWriter(store, cid, parent_id=q1, activate=False)  # a regenerate streaming when the app died
+    writer.append("half an ans")
+    store.db.conn.close()  # no finish: as after a crash
+    store = ChatStore(tmp_path / "chats.db")
+    assert contents(store.path(cid)) == ["q1", "a1"]
+    cut = store.messages(cid)[-1]
+    assert (cut.id, cut.status, cut.content) == (writer.id, "incomplete", "half an ans")
+    assert store.siblings(a1) == [a1, a2, writer.id]
