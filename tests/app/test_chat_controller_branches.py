@@ -228,3 +228,35 @@ def test_deleting_a_message_removes_what_follows_it_and_shows_a_sibling(ctl, loo
     ctl.service.cancel()
     loop.run_until_complete(task)
     assert ctl.delete_message(second[0].id) and ctl.messages() == []
+
+
+def test_the_window_navigates_branches_with_the_card_buttons_and_after_a_restart(qtbot, loop, tmp_path):
+    from tests.ui.helpers import ask, make_window, wait_idle
+
+    win = make_window(qtbot, loop, tmp_path, ScriptedEngine())
+    first = ask(win, loop, "Tell me", "base")
+    for _ in range(2):
+        win.on_action("regenerate", [str(win.controller.messages()[-1].id)])
+        wait_idle(win, loop)
+    third = win.controller.messages()[-1]
+    card = win.view.card(third.id)
+    assert card.branch_label.text() == "3/3" and not card.next_button.isEnabled()
+    card.prev_button.click()
+    win.render()
+    second = win.controller.messages()[-1]
+    assert second.id not in (first.id, third.id) and win.view.card(second.id).branch_label.text() == "2/3"
+    cid = win.controller.current
+    win.service.shutdown()
+    win.close()
+    again = make_window(qtbot, loop, tmp_path, ScriptedEngine())  # a restart: the same database
+    try:
+        again.controller.open(cid)
+        again.render()
+        assert again.controller.messages()[-1].id == second.id
+        card = again.view.card(second.id)
+        assert card.branch_label.text() == "2/3"
+        card.prev_button.click()
+        again.render()
+        assert again.controller.messages()[-1] == first and again.view.card(first.id).branch_label.text() == "1/3"
+    finally:
+        again.service.shutdown()
