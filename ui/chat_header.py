@@ -253,6 +253,7 @@ class ShellActions:
         if cid and pending and self.chat_settings_available() and not self.controller.messages():
             self.controller.set_chat_settings(system_prompt=pending.get("system_prompt"),
                                               sampling=pending.get("sampling") or {})
+        self.sidebar.select(cid or None)
         self.refresh_header()
         self.update_welcome()
 
@@ -273,10 +274,10 @@ class ShellActions:
     # --- text size -----------------------------------------------------------------------------------
     def apply_font_size(self) -> None:
         """The transcript and the composer at the settings' font size."""
+        from .theme import set_text_size
+
         points = self.settings.font_size
-        font = self.view.font()
-        font.setPointSize(points)
-        self.view.setFont(font)
+        set_text_size(self.view, points)
         sized = getattr(self.view, "set_font_size", None)
         if callable(sized):
             sized(points)

@@ -5,7 +5,7 @@ Emits what the user asked for; knows nothing about models."""
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QFont, QKeySequence, QShortcut
+from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QComboBox,
     QFrame,
@@ -18,6 +18,8 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
     QWidget,
 )
+
+from .theme import set_text_size
 
 BUDGETS = [("128", 128), ("256", 256), ("512", 512), ("1024", 1024), ("Unlimited", None)]
 MODE_LABELS = {"auto": "Auto", "reason": "Reason", "base": "Fast"}
@@ -158,9 +160,7 @@ class Composer(QWidget):
         self.send_button.setToolTip("Send (Enter or Ctrl+Enter)" if on else "Send (Ctrl+Enter)")
 
     def set_font_size(self, points: int) -> None:
-        font = QFont(self.input.font())
-        font.setPointSize(points)
-        self.input.setFont(font)
+        set_text_size(self.input, points)
 
     def set_busy(self, busy: bool, ready: bool = True) -> None:
         """Send stays available while the model loads (the window keeps the question until it is ready)."""

@@ -14,6 +14,7 @@ from PySide6.QtGui import QFont, QPalette
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QLineEdit,
+    QListView,
     QListWidget,
     QListWidgetItem,
     QMenu,
@@ -54,7 +55,8 @@ class GroupDelegate(QStyledItemDelegate):
 
     def sizeHint(self, option, index):
         size = super().sizeHint(option, index)
-        return QSize(size.width(), size.height() + (HEADING_PX if index.data(GROUP_ROLE) else 0))
+        width = min(size.width(), max(40, self.parent().viewport().width() - 2))  # elided, never wider
+        return QSize(width, size.height() + (HEADING_PX if index.data(GROUP_ROLE) else 0))
 
     def paint(self, painter, option, index):
         heading = index.data(GROUP_ROLE)
@@ -98,6 +100,7 @@ class Sidebar(QWidget):
         self.list.setWordWrap(False)
         self.list.setUniformItemSizes(False)
         self.list.setVerticalScrollMode(QAbstractItemView.ScrollMode.ScrollPerPixel)
+        self.list.setResizeMode(QListView.ResizeMode.Adjust)  # items re-laid out (re-elided) on resize
         self.list.setItemDelegate(GroupDelegate(self.list))
         self.list.setAccessibleName("Chats")
         self.setMinimumWidth(180)
@@ -126,6 +129,14 @@ class Sidebar(QWidget):
             self.list.addItem(item)
             if c["id"] == current:
                 self.list.setCurrentItem(item)
+
+    def select(self, cid: str | None) -> None:
+        """Highlight chat `cid` (none for a new chat) without rebuilding the list."""
+        self.list.setCurrentItem(None)
+        for i in range(self.list.count()):
+            if self.list.item(i).data(Qt.ItemDataRole.UserRole) == cid:
+                self.list.setCurrentItem(self.list.item(i))
+                break
 
     def show_results(self, hits: list[dict]) -> None:
         self.list.clear()

@@ -7,8 +7,12 @@ Widgets opt into the shell's looks by object name: `primary` (the main button), 
 `muted` (secondary text), `chip` (a compact control), `chatHeader`, `welcome`."""
 from __future__ import annotations
 
-from PySide6.QtCore import Qt
-from PySide6.QtGui import QColor, QPalette
+import tempfile
+from functools import cache
+from pathlib import Path
+
+from PySide6.QtCore import QPointF, Qt
+from PySide6.QtGui import QColor, QImage, QPainter, QPalette, QPolygonF
 from PySide6.QtWidgets import QApplication
 
 R = QPalette.ColorRole
@@ -41,19 +45,37 @@ QLineEdit, QPlainTextEdit, QTextEdit, QSpinBox, QDoubleSpinBox, QComboBox {{
     selection-background-color: {accent}; selection-color: {on_accent}; }}
 QLineEdit:focus, QPlainTextEdit:focus, QTextEdit:focus, QSpinBox:focus, QDoubleSpinBox:focus,
 QComboBox:focus {{ border: 1px solid {accent}; }}
-QComboBox::drop-down {{ border: none; width: 18px; }}
+QComboBox {{ padding-right: 22px; }}
+QComboBox::drop-down {{ subcontrol-origin: padding; subcontrol-position: center right; border: none; width: 20px; }}
+QComboBox::down-arrow {{ image: url({arrow_down}); width: 9px; height: 6px; }}
+QComboBox::down-arrow:disabled {{ image: url({arrow_down_off}); }}
+QSpinBox, QDoubleSpinBox {{ padding-right: 20px; }}
+QSpinBox::up-button, QDoubleSpinBox::up-button {{ subcontrol-origin: border; subcontrol-position: top right;
+    width: 18px; border: none; background: transparent; margin-top: 3px; }}
+QSpinBox::down-button, QDoubleSpinBox::down-button {{ subcontrol-origin: border; subcontrol-position: bottom right;
+    width: 18px; border: none; background: transparent; margin-bottom: 3px; }}
+QSpinBox::up-arrow, QDoubleSpinBox::up-arrow {{ image: url({arrow_up}); width: 8px; height: 5px; }}
+QSpinBox::down-arrow, QDoubleSpinBox::down-arrow {{ image: url({arrow_down}); width: 8px; height: 5px; }}
+QSpinBox::up-arrow:disabled, QDoubleSpinBox::up-arrow:disabled {{ image: url({arrow_up_off}); }}
+QSpinBox::down-arrow:disabled, QDoubleSpinBox::down-arrow:disabled {{ image: url({arrow_down_off}); }}
+QSpinBox::up-button:hover, QSpinBox::down-button:hover, QDoubleSpinBox::up-button:hover,
+QDoubleSpinBox::down-button:hover {{ background: {hover}; }}
 QComboBox QAbstractItemView {{ border: 1px solid {border}; background: {surface}; color: {text};
     selection-background-color: {selected}; selection-color: {text}; outline: 0; }}
-QPushButton, QToolButton {{ border: 1px solid {border}; border-radius: 8px; padding: 5px 12px;
-    background: {surface}; color: {text}; }}
-QPushButton:hover, QToolButton:hover {{ background: {hover}; }}
-QPushButton:pressed, QToolButton:pressed {{ background: {selected}; }}
+QPushButton {{ border: 1px solid {border}; border-radius: 8px; padding: 5px 12px; background: {surface};
+    color: {text}; }}
+QToolButton {{ border: 1px solid transparent; border-radius: 6px; padding: 3px; background: transparent;
+    color: {text}; }}
+QPushButton:hover, QToolButton:hover {{ background: {hover}; border: 1px solid {border}; }}
+QPushButton:pressed, QToolButton:pressed, QToolButton:checked {{ background: {selected}; }}
 QPushButton:disabled, QToolButton:disabled {{ color: {muted}; }}
 QPushButton#primary {{ background: {accent}; color: {on_accent}; border: 1px solid {accent}; }}
 QPushButton#primary:disabled {{ background: {raised}; color: {muted}; border: 1px solid {border}; }}
-QToolButton#chip {{ border-radius: 12px; padding: 2px 10px; }}
-QListWidget, QTreeWidget, QTableWidget, QTableView, QListView, QTextBrowser {{
+QToolButton#chip {{ border: 1px solid {border}; border-radius: 13px; padding: 3px 12px; background: {surface}; }}
+QToolButton#chip:hover {{ background: {hover}; }}
+QListWidget, QTreeWidget, QTableWidget, QTableView, QListView {{
     border: 1px solid {border}; border-radius: 8px; background: {base}; color: {text}; outline: 0; }}
+QTextBrowser {{ border: none; padding: 0; background: transparent; }}
 QListWidget::item {{ padding: 6px 8px; border-radius: 6px; }}
 QListWidget::item:hover {{ background: {hover}; }}
 QListWidget::item:selected {{ background: {selected}; color: {text}; }}
@@ -113,9 +135,35 @@ def light_palette(app: QApplication) -> QPalette:
     return palette
 
 
+@cache
+def _arrow_dir() -> Path:
+    return Path(tempfile.mkdtemp(prefix="ponder-theme-"))
+
+
+def arrow(direction: str, colour: str) -> str:
+    """A small triangle image ('up' or 'down') in `colour`, for combo box and spin box arrows (a stylesheet
+    draws no arrow of its own once a box is styled); its path, written once per process."""
+    path = _arrow_dir() / f"{direction}-{colour.lstrip('#')}.png"
+    if not path.exists():
+        image = QImage(18, 12, QImage.Format.Format_ARGB32)
+        image.fill(Qt.GlobalColor.transparent)
+        painter = QPainter(image)
+        painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+        painter.setPen(Qt.PenStyle.NoPen)
+        painter.setBrush(QColor(colour))
+        points = [(1, 1), (17, 1), (9, 11)] if direction == "down" else [(1, 11), (17, 11), (9, 1)]
+        painter.drawPolygon(QPolygonF([QPointF(x, y) for x, y in points]))
+        painter.end()
+        image.save(str(path))
+    return path.as_posix()
+
+
 def stylesheet(mode: str) -> str:
     """The app-wide stylesheet for 'light' or 'dark'."""
-    return STYLESHEET.format(**COLOURS[mode])
+    c = COLOURS[mode]
+    arrows = {"arrow_down": arrow("down", c["muted"]), "arrow_up": arrow("up", c["muted"]),
+              "arrow_down_off": arrow("down", c["border"]), "arrow_up_off": arrow("up", c["border"])}
+    return STYLESHEET.format(**c, **arrows)
 
 
 def resolved(theme: str, app: QApplication) -> str:
@@ -142,6 +190,15 @@ def apply_theme(theme: str, app: QApplication | None = None) -> str:
     app.setProperty("ponder_theme", theme)
     app.setProperty("ponder_mode", mode)
     return mode
+
+
+def set_text_size(widget, points: int) -> None:
+    """`widget` and everything inside it at `points` pt. A widget stylesheet, not only setFont: under the
+    app stylesheet a polish (first show, theme change) resets a widget's font to its parent's."""
+    font = widget.font()
+    font.setPointSize(points)
+    widget.setFont(font)
+    widget.setStyleSheet(f"font-size: {points}pt;")
 
 
 def follow_system(app: QApplication) -> None:

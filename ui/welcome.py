@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QFont
-from PySide6.QtWidgets import QFrame, QGridLayout, QLabel, QSizePolicy, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QFrame, QGridLayout, QHBoxLayout, QLabel, QSizePolicy, QVBoxLayout, QWidget
 
 EXAMPLES = (
     ("auto", "Auto", "Plan a relaxed three-day visit to Lisbon on a small budget.",
@@ -85,18 +85,24 @@ class Welcome(QWidget):
         for i, card in enumerate(self.cards):
             grid.addWidget(card, i // 2, i % 2)
             card.chosen.connect(self.exampleChosen)
-        self.offline = QLabel("🔒  " + OFFLINE_NOTE, wordWrap=True, objectName="muted")
+        self.offline = QLabel(OFFLINE_NOTE, wordWrap=True, objectName="muted")
         self.offline.setAlignment(Qt.AlignmentFlag.AlignHCenter)
         column = QWidget()
+        column.setMinimumWidth(360)
         column.setMaximumWidth(760)
+        column.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
         inner = QVBoxLayout(column)
         inner.setSpacing(14)
         inner.addWidget(title)
         inner.addWidget(intro)
         inner.addLayout(grid)
         inner.addWidget(self.offline)
+        row = QHBoxLayout()
+        row.addStretch(1)
+        row.addWidget(column, 100)
+        row.addStretch(1)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(24, 24, 24, 24)
         layout.addStretch(1)
-        layout.addWidget(column, 0, Qt.AlignmentFlag.AlignHCenter)
+        layout.addLayout(row)
         layout.addStretch(2)
