@@ -181,9 +181,6 @@ class ShellActions:
     MainWindow, which has `controller`, `service`, `model_service`, `settings`, `header`, `welcome`, `view`,
     `composer`, `stack` and `status`)."""
 
-    _pending_chat_settings: dict | None = None
-    """Chat settings chosen for a new chat before its first message: stored once the chat exists."""
-
     # --- header --------------------------------------------------------------------------------------
     def refresh_header(self, *_args) -> None:
         c = self.controller
@@ -219,11 +216,8 @@ class ShellActions:
         return callable(getattr(c, "chat_settings", None)) and callable(getattr(c, "set_chat_settings", None))
 
     def current_chat_settings(self) -> dict | None:
-        if not self.chat_settings_available():
-            return None
-        if self.controller.current is None:
-            return dict(self._pending_chat_settings or {"system_prompt": None, "sampling": {}})
-        return self.controller.chat_settings()
+        """The open chat's settings (a new chat: what it will be created with); None without the feature."""
+        return self.controller.chat_settings() if self.chat_settings_available() else None
 
     def open_chat_settings(self) -> None:
         from .chat_settings_dialog import ChatSettingsDialog
@@ -237,22 +231,20 @@ class ShellActions:
         if chosen is not None:
             self.save_chat_settings(chosen)
 
-    def save_chat_settings(self, chosen: dict) -> None:
-        if self.controller.current is None:
-            self._pending_chat_settings = chosen  # stored when the first message creates the chat
-        else:
+    def save_chat_settings(self, chosen: dict) -> bool:
+        """Store the open chat's settings (a new chat keeps them until its first message creates it)."""
+        try:
             self.controller.set_chat_settings(system_prompt=chosen.get("system_prompt"),
                                               sampling=chosen.get("sampling") or {})
-        self.status.setText("Chat settings saved.")
+        except ValueError as err:
+            self.status.setText(f"Chat settings not saved: {err}")
+            return False
+        self.status.setText("Chat settings saved." if self.controller.current else
+                            "Chat settings saved: they apply from this chat's first message.")
         self.refresh_header()
+        return True
 
     def on_conversation_opened(self, cid: str) -> None:
-        """A chat was opened, or created by its first message (it has none stored yet: the settings chosen
-        before it existed are stored now, before its question is answered)."""
-        pending, self._pending_chat_settings = self._pending_chat_settings, None
-        if cid and pending and self.chat_settings_available() and not self.controller.messages():
-            self.controller.set_chat_settings(system_prompt=pending.get("system_prompt"),
-                                              sampling=pending.get("sampling") or {})
         self.sidebar.select(cid or None)
         self.refresh_header()
         self.update_welcome()

@@ -4,6 +4,7 @@ its sampling overrides (temperature, top-p, top-k, repetition penalty, answer ca
 {"system_prompt": str | None, "sampling": {name: value}}; saving it is the window's job."""
 from __future__ import annotations
 
+from PySide6.QtGui import QTextCursor
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -127,6 +128,7 @@ class ChatSettingsDialog(QDialog):
     def use_preset(self, name: str) -> None:
         if name in PRESETS:
             self.prompt.setPlainText(PRESETS[name] or "")
+            self.prompt.moveCursor(QTextCursor.MoveOperation.End)  # ready to add to it
 
     def _typed(self) -> None:
         self.preset.setCurrentIndex(self.preset.findData(preset_of(self.prompt.toPlainText())))
