@@ -86,7 +86,7 @@ class ChatView(QScrollArea):
         for card in self.cards.values():
             inside = new is not None and card.isAncestorOf(new)
             if inside or not card.underMouse():
-                card.bar.setVisible(inside)
+                card.show_buttons(inside)
 
     # --- cards ---------------------------------------------------------------------------------------
     @property

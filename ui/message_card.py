@@ -56,6 +56,29 @@ def failed(m) -> bool:
     return m.role == "assistant" and (m.status == "error" or (m.status == "incomplete" and "finish_reason" not in m.meta))
 
 
+CHUNK_CHARS = 1600
+_ICONS: dict[str, QIcon] = {}
+
+
+def icon(theme: str, fallback) -> QIcon:
+    """The theme's icon, else Qt's standard one (looked up once)."""
+    if theme not in _ICONS:
+        _ICONS[theme] = QIcon.fromTheme(theme, QApplication.style().standardIcon(fallback))
+    return _ICONS[theme]
+
+
+def split_point(text: str) -> int | None:
+    """Where a streaming answer can be cut into a frozen part: after a blank line, with no code fence, `$$` or
+    `\\[` left open before it, at least 400 characters from the end (the tail may still change how it ends)."""
+    at = len(text) - 400
+    while (at := text.rfind("\n\n", 0, at)) > 200:
+        head = text[: at + 2]
+        fences = sum(1 for line in head.split("\n") if line.lstrip(" >").startswith(("```", "~~~")))
+        if fences % 2 == 0 and head.count("$$") % 2 == 0 and head.count("\\[") == head.count("\\]"):
+            return at + 2
+    return None
+
+
 def thinking_seconds(meta: dict) -> float | None:
     rate = meta.get("decode_tok_s") or 0
     if not rate:
@@ -75,6 +98,10 @@ class MessageCard(QFrame):
         self.code_blocks: dict[str, str] = {}
         self._key = None
         self._live_answer: str | None = None
+        self.chunks: list[FitBrowser] = []
+        """Frozen leading parts of a long streaming answer (see _set_tail)."""
+        self._frozen = 0
+        self._chunk_blocks: dict[str, str] = {}
         self._thought_s: float | None = None
         self.who = QLabel("You" if role == "user" else "Ponder")
         self.who.setObjectName("cardAuthor")
@@ -85,19 +112,9 @@ class MessageCard(QFrame):
         self.nav = self._nav()
         top.addWidget(self.nav)
         self.bar = QWidget()
-        bar = QHBoxLayout(self.bar)
-        bar.setContentsMargins(0, 0, 0, 0)
-        bar.setSpacing(0)
-        self.buttons: dict[str, QToolButton] = {}
-        for verb, (label, tip, theme, fallback) in BUTTONS.items():
-            b = QToolButton(autoRaise=True)
-            b.setIcon(QIcon.fromTheme(theme, self.style().standardIcon(fallback)))
-            b.setToolTip(tip)
-            b.setAccessibleName(label)
-            b.clicked.connect(lambda _=False, v=verb: self.action.emit(v, [str(self.message_id)]))
-            b.setVisible(False)
-            bar.addWidget(b)
-            self.buttons[verb] = b
+        """The icon buttons, built the first time the pointer or focus comes to the card (a long chat opens fast)."""
+        self._buttons: dict[str, QToolButton] = {}
+        self._offers: dict[str, bool] = {}
         keep = self.bar.sizePolicy()
         keep.setRetainSizeWhenHidden(True)
         self.bar.setSizePolicy(keep)
@@ -125,6 +142,28 @@ class MessageCard(QFrame):
         self.box.addWidget(self.error)
 
     # --- parts ---------------------------------------------------------------------------------------
+    @property
+    def buttons(self) -> dict[str, QToolButton]:
+        if not self._buttons:
+            row = QHBoxLayout(self.bar)
+            row.setContentsMargins(0, 0, 0, 0)
+            row.setSpacing(0)
+            for verb, (label, tip, theme, fallback) in BUTTONS.items():
+                b = QToolButton(autoRaise=True)
+                b.setIcon(icon(theme, fallback))
+                b.setToolTip(tip)
+                b.setAccessibleName(label)
+                b.clicked.connect(lambda _=False, v=verb: self.action.emit(v, [str(self.message_id)]))
+                b.setVisible(self._offers.get(verb, False))
+                row.addWidget(b)
+                self._buttons[verb] = b
+        return self._buttons
+
+    def show_buttons(self, on: bool) -> None:
+        if on:
+            self.buttons  # noqa: B018 (built on first use)
+        self.bar.setVisible(on)
+
     def _nav(self) -> QWidget:
         nav = QWidget(visible=False)
         row = QHBoxLayout(nav)
@@ -162,7 +201,7 @@ class MessageCard(QFrame):
 
     # --- hover ---------------------------------------------------------------------------------------
     def enterEvent(self, event) -> None:
-        self.bar.setVisible(True)
+        self.show_buttons(True)
         super().enterEvent(event)
 
     def leaveEvent(self, event) -> None:
@@ -173,11 +212,13 @@ class MessageCard(QFrame):
 
     def offered(self, verb: str) -> bool:
         """Whether the card offers the button `verb` (shown while the pointer or focus is on the card)."""
-        return verb in self.buttons and not self.buttons[verb].isHidden()
+        return self._offers.get(verb, False)
 
     def offer(self, **verbs: bool) -> None:
+        self._offers.update(verbs)
         for verb, on in verbs.items():
-            self.buttons[verb].setVisible(on)
+            if verb in self._buttons:
+                self._buttons[verb].setVisible(on)
 
     def set_branch(self, branch: tuple[int, int] | None) -> None:
         n, m = branch or (1, 1)
@@ -189,8 +230,41 @@ class MessageCard(QFrame):
 
     # --- content -------------------------------------------------------------------------------------
     def _set_content(self, text: str, streaming: bool) -> None:
+        self._drop_chunks()
         html, images, self.code_blocks = render_content(text, dark=is_dark(self), key_prefix=f"{self.message_id}-",
                                                         streaming=streaming)
+        self.content.set_html(html, images)
+
+    def _drop_chunks(self) -> None:
+        for chunk in self.chunks:
+            self.box.removeWidget(chunk)
+            chunk.deleteLater()
+        self.chunks, self._frozen, self._chunk_blocks = [], 0, {}
+
+    def _set_tail(self, answer: str, streaming: bool) -> None:
+        """A long streaming answer is drawn as frozen chunks (complete blocks, drawn once) and a tail redrawn
+        per tick, so a tick costs the same at token 2,000 as at token 20."""
+        tail = answer[self._frozen:]
+        if streaming and len(tail) > CHUNK_CHARS:
+            cut = split_point(tail)
+            if cut:
+                html, images, blocks = render_content(tail[:cut], dark=is_dark(self), streaming=False,
+                                                      key_prefix=f"{self.message_id}-c{len(self.chunks)}-")
+                chunk = FitBrowser()
+                chunk.linkClicked.connect(self._link)
+                chunk.set_html(html, images)
+                self.box.insertWidget(self.box.indexOf(self.content), chunk)
+                self.chunks.append(chunk)
+                self._chunk_blocks.update(blocks)
+                self._frozen += cut
+                tail = tail[cut:]
+        if streaming and not tail.strip():  # nothing to lay out yet (and no renderer warm-up before a token)
+            self.code_blocks = dict(self._chunk_blocks)
+            self.content.set_html("<p>▌</p>")
+            return
+        html, images, blocks = render_content(tail + ("▌" if streaming else ""), dark=is_dark(self),
+                                              key_prefix=f"{self.message_id}-t{len(self.chunks)}-", streaming=streaming)
+        self.code_blocks = {**self._chunk_blocks, **blocks}
         self.content.set_html(html, images)
 
     def show_message(self, m, *, expanded: bool = False, error: str | None = None) -> None:
@@ -200,10 +274,13 @@ class MessageCard(QFrame):
             self.thinking.set_expanded(expanded)
         if key == self._key:
             return
-        self._key, self._live_answer = key, None
+        streamed, self._key, self._live_answer = self._live_answer, key, None
         if self.streams is not None:
             self.streams.setVisible(False)
-        self._set_content(m.content, streaming=False)
+        if self.chunks and streamed is not None and m.content == streamed:
+            self._set_tail(m.content, streaming=False)  # just finished: the frozen chunks stay as they are
+        else:
+            self._set_content(m.content, streaming=False)
         self.content.setVisible(bool(m.content) or m.role == "user")
         meta = m.meta
         if self.thinking is not None:
@@ -255,8 +332,10 @@ class MessageCard(QFrame):
             self.note.setVisible(bool(replacing))
         self.error.setVisible(False)
         if live.answer != self._live_answer:
+            if self._live_answer is None or not live.answer.startswith(self._live_answer[:self._frozen]):
+                self._drop_chunks()
             self._live_answer = live.answer
-            self._set_content(live.answer + "▌", streaming=True)
+            self._set_tail(live.answer, streaming=True)
         self.content.setVisible(bool(live.answer) or len(live.streams) <= 1)
 
     def plain_text(self) -> str:
@@ -268,6 +347,7 @@ class MessageCard(QFrame):
         if self.streams is not None and not self.streams.isHidden():
             parts.append(self.streams.plain_text())
         if not self.content.isHidden():
+            parts.extend(chunk.toPlainText() for chunk in self.chunks)
             parts.append(self.content.toPlainText())
         for label in (self.note, self.error_label):
             if not label.isHidden() and (label is self.note or not self.error.isHidden()):

@@ -205,3 +205,23 @@ def test_an_alternative_streams_below_the_shown_reply_and_takes_its_place_when_d
     QApplication.processEvents()
     assert view.order == [1, 3] and view.card(3) is new and view.card(2) is None
     assert "Old answer" not in view.toPlainText() and "‹ 2/2 ›" in view.toPlainText()
+
+
+def test_a_long_answer_streams_in_frozen_chunks_and_finishes_without_a_rebuild(qtbot):
+    part = "Merge sort runs in $O(n \\log n)$.\n\n```python\nif a < b:\n    a = b\n```\n\nThen we compare.\n\n"
+    view = view_with(qtbot, [msg(1, "user", "Sorting?"), msg(2, "assistant", "", status="streaming")],
+                     LiveReply(conversation_id="c1", message_id=2), busy=True)
+    live = LiveReply(conversation_id="c1", message_id=2)
+    card = view.card(2)
+    for _ in range(60):
+        live.answer += part
+        view.update_live(live)
+    assert len(card.chunks) >= 3 and all(c.images for c in card.chunks)  # math in each frozen chunk
+    assert max(len(card.content.toPlainText()), 1) < 3000  # only the tail is redrawn per tick
+    revisions = [c.revision for c in card.chunks]
+    assert len(card.code_blocks) == 60 and set(card.code_blocks.values()) == {"if a < b:\n    a = b"}
+    view.render([msg(1, "user", "Sorting?"), msg(2, "assistant", live.answer)], None)
+    assert [c.revision for c in card.chunks] == revisions and "▌" not in view.toPlainText()
+    assert view.toPlainText().count("Then we compare.") == 60 and len(view.code_blocks) == 60
+    view.render([msg(1, "user", "Sorting?"), msg(2, "assistant", "Edited elsewhere")], None)
+    assert not card.chunks and "Edited elsewhere" in view.toPlainText()

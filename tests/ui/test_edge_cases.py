@@ -94,7 +94,7 @@ def test_a_question_stopped_while_queued_is_marked_stopped_not_failed(qtbot, loo
     from tests.ui.helpers import make_window
     from tests.ui.scripted_engine import ScriptedEngine
 
-    win = make_window(qtbot, loop, tmp_path, ScriptedEngine(delay_s=0.02))
+    win = make_window(qtbot, loop, tmp_path, ScriptedEngine(delay_s=0.2))  # the other job: 4 tokens, 0.8 s
     other = Generation("stream", "a long answer for another client",
                        SamplingConfig(temperature=0, max_tokens=200), source="server")
     busy = win.service.worker.generate(other, lambda event: None)
