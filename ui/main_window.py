@@ -404,11 +404,11 @@ class MainWindow(QMainWindow, AdapterActions, ShellActions):
         mid = int(args[0]) if args and args[0].lstrip("-").isdigit() else None
         if verb == "toggle":
             self.render()
-        elif verb == "copy":
+        elif verb == "copy" and mid in msgs:
             QGuiApplication.clipboard().setText(msgs[mid].content)
         elif verb == "copycode":
             QGuiApplication.clipboard().setText(self.view.code_blocks.get(args[0], ""))
-        elif verb == "details":
+        elif verb == "details" and mid in msgs:
             show_info(self, "Answer details", details_text(msgs[mid]))
         elif verb in ("regen", "regenerate", "retry"):
             self.spawn(self.controller.regenerate(self.options()))
@@ -418,8 +418,10 @@ class MainWindow(QMainWindow, AdapterActions, ShellActions):
             self.controller.pick_candidate(mid, int(args[1]))
         elif verb == "branch" and hasattr(self.controller, "switch_branch"):
             self.controller.switch_branch(mid, int(args[1]))
-        elif verb == "delete" and hasattr(self.controller, "delete_message"):
-            self.controller.delete_message(mid)
+        elif verb == "delete" and hasattr(self.controller, "delete_message") and mid in msgs:
+            if ConfirmDialog.ask(self, "Delete message", "Delete this message and everything that follows it "
+                                 "(its other versions stay)?"):
+                self.controller.delete_message(mid)
         elif verb == "edit":
             m = msgs[mid]
             text = EditDialog.ask(self, m.content)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import time
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QEvent, Qt, Signal
 from PySide6.QtGui import QIcon, QPalette
 from PySide6.QtWidgets import QApplication, QFrame, QHBoxLayout, QLabel, QPushButton, QStyle, QToolButton, QVBoxLayout, QWidget
 
@@ -103,6 +103,9 @@ class MessageCard(QFrame):
         self._frozen = 0
         self._chunk_blocks: dict[str, str] = {}
         self._thought_s: float | None = None
+        self._shown: tuple | None = None
+        """The last show_message arguments: redrawn in the new colours when the theme changes."""
+        self.setAccessibleName("Your message" if role == "user" else "Ponder's reply")
         self.who = QLabel("You" if role == "user" else "Ponder")
         self.who.setObjectName("cardAuthor")
         top = QHBoxLayout()
@@ -199,6 +202,12 @@ class MessageCard(QFrame):
         if url.startswith("ponder:"):
             self.action.emit(verb, args)
 
+    def changeEvent(self, event) -> None:
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.PaletteChange and self._shown is not None and self._live_answer is None:
+            m, expanded, error = self._shown
+            self.show_message(m, expanded=expanded, error=error)  # light ↔ dark: code and math colours follow
+
     # --- hover ---------------------------------------------------------------------------------------
     def enterEvent(self, event) -> None:
         self.show_buttons(True)
@@ -269,6 +278,7 @@ class MessageCard(QFrame):
 
     def show_message(self, m, *, expanded: bool = False, error: str | None = None) -> None:
         """A stored message; nothing is redrawn when neither it nor how it is shown changed."""
+        self._shown = (m, expanded, error)
         key = (m.content, m.thinking, m.status, json.dumps(m.meta, sort_keys=True, default=str), error, is_dark(self))
         if self.thinking is not None:
             self.thinking.set_expanded(expanded)

@@ -225,3 +225,44 @@ def test_a_long_answer_streams_in_frozen_chunks_and_finishes_without_a_rebuild(q
     assert view.toPlainText().count("Then we compare.") == 60 and len(view.code_blocks) == 60
     view.render([msg(1, "user", "Sorting?"), msg(2, "assistant", "Edited elsewhere")], None)
     assert not card.chunks and "Edited elsewhere" in view.toPlainText()
+
+
+def test_the_window_regenerates_navigates_versions_and_deletes_through_the_cards(qtbot, loop, tmp_path, monkeypatch):
+    from ui import dialogs
+
+    win = make_window(qtbot, loop, tmp_path, ScriptedEngine())
+    first = ask(win, loop, "Why?", "base")
+    win.view.card(first.id).buttons["regenerate"].click()
+    assert run_until(loop, lambda: not win.service.busy and win.controller.messages()[-1].id != first.id, 10)
+    win.render()
+    second = win.controller.messages()[-1]
+    card = win.view.card(second.id)
+    assert card.branch_label.text() == "2/2" and card.nav.isVisibleTo(card)
+    card.prev_button.click()  # ‹ : back to the first answer
+    assert run_until(loop, lambda: win.controller.messages()[-1].id == first.id, 5)
+    assert win.view.card(first.id).branch_label.text() == "1/2" and win.view.card(second.id) is None
+    monkeypatch.setattr(dialogs.ConfirmDialog, "ask", classmethod(lambda cls, parent, title, text: True))
+    win.view.card(first.id).buttons["delete"].click()
+    assert run_until(loop, lambda: win.controller.messages()[-1].id == second.id, 5)
+    win.render()
+    assert win.view.card(first.id) is None and not win.view.card(second.id).nav.isVisibleTo(win.view.card(second.id))
+    win.service.shutdown()
+
+
+def test_switching_to_the_dark_theme_redraws_the_cards_in_dark_colours(qtbot, qapp):
+    from ui.theme import apply_theme
+
+    view = view_with(qtbot, [msg(1, "user", "Code?"), msg(2, "assistant", "```python\nx = 1\n```")])
+    card = view.card(2)
+    light, revision = card.content.toHtml(), card.content.revision
+    palette, sheet, style = qapp.palette(), qapp.styleSheet(), qapp.style().name()
+    try:
+        apply_theme("dark", qapp)
+        QApplication.processEvents()
+        assert card.content.revision > revision and card.content.toHtml() != light
+    finally:  # the application's look as it was
+        qapp.setStyleSheet(sheet)
+        qapp.setPalette(palette)
+        qapp.setStyle(style)
+        qapp.setProperty("ponder_mode", None)
+        qapp.setProperty("ponder_theme", None)
