@@ -149,6 +149,8 @@ class ChatView(QScrollArea):
             card.retry_button.setEnabled(not busy)
             card.set_branch(branches.get(m.id))
         if ids != self.order:
+            if not set(ids) & set(self.order):  # another chat: open it at its end
+                self._stick = True
             self._relayout(ids)
         self.placeholder.setVisible(not ids)
 

@@ -266,3 +266,13 @@ def test_switching_to_the_dark_theme_redraws_the_cards_in_dark_colours(qtbot, qa
         qapp.setStyle(style)
         qapp.setProperty("ponder_mode", None)
         qapp.setProperty("ponder_theme", None)
+
+
+def test_another_chat_opens_at_its_end(qtbot):
+    chat_a = [msg(i, "user" if i % 2 else "assistant", LONG) for i in range(1, 7)]
+    view = view_with(qtbot, chat_a)
+    bar = view.verticalScrollBar()
+    qtbot.waitUntil(lambda: bar.maximum() > 0 and bar.value() == bar.maximum())
+    bar.setValue(0)  # the user scrolled up in chat A
+    view.render([msg(i, "user" if i % 2 else "assistant", LONG) for i in range(11, 17)])
+    qtbot.waitUntil(lambda: bar.maximum() > 0 and bar.value() == bar.maximum())
