@@ -1,11 +1,12 @@
 """The chat header above the transcript: the chat's title (double-click to rename it in place), the model
 picker (the installed models; choosing one asks the window to switch the running model, and it shows the
 loading state meanwhile), and the "Chat settings" button (system prompt, preset and sampling for this chat).
-Emits what the user asked for; the window does it."""
+Emits what the user asked for; the window does it, through `ShellActions` (mixed into MainWindow): the menus,
+the header, the welcome panel, the text size and pinned chats."""
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QFont, QFontMetrics
+from PySide6.QtGui import QAction, QFont, QFontMetrics, QKeySequence
 from PySide6.QtWidgets import (
     QComboBox,
     QHBoxLayout,
@@ -17,7 +18,19 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from .dialogs import show_info
+
 NEW_CHAT = "New chat"
+SHORTCUTS = """Ctrl+Enter  send (Enter too, with "Enter sends" in Settings)
+Shift+Enter  new line
+Esc  stop the answer
+Ctrl+=  /  Ctrl+−  /  Ctrl+0  bigger / smaller / default text
+Ctrl+N  new chat
+Ctrl+F  search all chats
+Ctrl+,  settings
+Ctrl+M  models
+Ctrl+Shift+A  adapters
+Ctrl+Q  quit"""
 
 
 class TitleLabel(QLabel):
@@ -177,9 +190,47 @@ def settings_summary(chat: dict) -> str:
 
 
 class ShellActions:
-    """The window's side of the chat header, the welcome panel, the font size and pinned chats (mixed into
-    MainWindow, which has `controller`, `service`, `model_service`, `settings`, `header`, `welcome`, `view`,
-    `composer`, `stack` and `status`)."""
+    """The window's menus, and its side of the chat header, the welcome panel, the text size and pinned chats
+    (mixed into MainWindow, which has `controller`, `service`, `model_service`, `settings`, `header`, `welcome`,
+    `view`, `composer`, `stack`, `sidebar` and `status`)."""
+
+    # --- menus ---------------------------------------------------------------------------------------
+    def _menus(self) -> None:
+        """Chat, Tools, View and Help menus with their shortcuts."""
+        def add(menu, text, slot, shortcut=None):
+            action = QAction(text, self)
+            if shortcut:
+                action.setShortcut(QKeySequence(shortcut))
+            action.triggered.connect(slot)
+            menu.addAction(action)
+            return action
+
+        bar = self.menuBar()
+        chat = bar.addMenu("&Chat")
+        add(chat, "New chat", self.new_chat, "Ctrl+N")
+        add(chat, "Search all chats", self.sidebar.search.setFocus, "Ctrl+F")
+        add(chat, "Export as Markdown…", lambda: self.controller.current and self.export(self.controller.current, "md"))
+        add(chat, "Export as JSON…", lambda: self.controller.current and self.export(self.controller.current, "json"))
+        chat.addSeparator()
+        add(chat, "Quit", self.close, "Ctrl+Q")
+        tools = bar.addMenu("&Tools")
+        self.models_action = add(tools, "Models…", self.open_models, "Ctrl+M")
+        add(tools, "Adapters…", self.open_adapters, "Ctrl+Shift+A")
+        add(tools, "Train an adapter…", self.open_train_wizard)
+        add(tools, "Settings…", self.open_settings, "Ctrl+,")
+        view = bar.addMenu("&View")
+        self.bigger_action = add(view, "Bigger text", lambda: self.zoom(1), "Ctrl+=")
+        self.bigger_action.setShortcuts([QKeySequence("Ctrl+="), QKeySequence("Ctrl++")])
+        self.smaller_action = add(view, "Smaller text", lambda: self.zoom(-1), "Ctrl+-")
+        self.reset_size_action = add(view, "Default text size", lambda: self.zoom(0), "Ctrl+0")
+        view.addSeparator()
+        add(view, "Chat settings…", self.open_chat_settings, "Ctrl+Shift+,")
+        help_menu = bar.addMenu("&Help")
+        add(help_menu, "Keyboard shortcuts", lambda: show_info(self, "Keyboard shortcuts", SHORTCUTS))
+        add(help_menu, "About Ponder", lambda: show_info(
+            self, "About Ponder", "Ponder: an offline reasoning assistant. Everything runs on this computer; "
+            "nothing is sent anywhere."))
+
 
     # --- header --------------------------------------------------------------------------------------
     def refresh_header(self, *_args) -> None:
