@@ -10,7 +10,7 @@ import re
 from dataclasses import replace
 
 from PySide6.QtCore import QByteArray, QTimer
-from PySide6.QtGui import QAction, QGuiApplication, QKeySequence
+from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import (
     QLabel,
     QMainWindow,
@@ -25,7 +25,7 @@ from PySide6.QtWidgets import (
 from app.settings import AppSettings
 
 from .adapters_dialog import NO_REASONING, AdapterActions
-from .chat_header import ChatHeader, ShellActions
+from .chat_header import ChatHeader, ShellActions  # ShellActions: the menus, header, welcome, text size
 from .chat_view import ChatView, details_text
 from .composer import Composer
 from .dialogs import ConfirmDialog, EditDialog, ExportDialog, RenameDialog, show_info
@@ -36,18 +36,6 @@ from .theme import apply_theme
 from .welcome import Welcome
 
 RENDER_INTERVAL_MS = 50
-SHORTCUTS = """Ctrl+Enter  send (Enter too, with "Enter sends" in Settings)
-Shift+Enter  new line
-Esc  stop the answer
-Ctrl+=  /  Ctrl+−  /  Ctrl+0  bigger / smaller / default text
-Ctrl+N  new chat
-Ctrl+F  search all chats
-Ctrl+,  settings
-Ctrl+M  models
-Ctrl+Shift+A  adapters
-Ctrl+Q  quit"""
-
-
 class MainWindow(QMainWindow, AdapterActions, ShellActions):
     def __init__(self, service, controller, model_service=None, parent=None):
         super().__init__(parent)
@@ -137,41 +125,6 @@ class MainWindow(QMainWindow, AdapterActions, ShellActions):
         self.view.action.connect(self.on_action)
         self.undo_button.clicked.connect(self.undo_delete)
         self.on_busy(False)
-
-    def _menus(self) -> None:
-        def add(menu, text, slot, shortcut=None):
-            action = QAction(text, self)
-            if shortcut:
-                action.setShortcut(QKeySequence(shortcut))
-            action.triggered.connect(slot)
-            menu.addAction(action)
-            return action
-
-        bar = self.menuBar()
-        chat = bar.addMenu("&Chat")
-        add(chat, "New chat", self.new_chat, "Ctrl+N")
-        add(chat, "Search all chats", self.sidebar.search.setFocus, "Ctrl+F")
-        add(chat, "Export as Markdown…", lambda: self.controller.current and self.export(self.controller.current, "md"))
-        add(chat, "Export as JSON…", lambda: self.controller.current and self.export(self.controller.current, "json"))
-        chat.addSeparator()
-        add(chat, "Quit", self.close, "Ctrl+Q")
-        tools = bar.addMenu("&Tools")
-        self.models_action = add(tools, "Models…", self.open_models, "Ctrl+M")
-        add(tools, "Adapters…", self.open_adapters, "Ctrl+Shift+A")
-        add(tools, "Train an adapter…", self.open_train_wizard)
-        add(tools, "Settings…", self.open_settings, "Ctrl+,")
-        view = bar.addMenu("&View")
-        self.bigger_action = add(view, "Bigger text", lambda: self.zoom(1), "Ctrl+=")
-        self.bigger_action.setShortcuts([QKeySequence("Ctrl+="), QKeySequence("Ctrl++")])
-        self.smaller_action = add(view, "Smaller text", lambda: self.zoom(-1), "Ctrl+-")
-        self.reset_size_action = add(view, "Default text size", lambda: self.zoom(0), "Ctrl+0")
-        view.addSeparator()
-        add(view, "Chat settings…", self.open_chat_settings, "Ctrl+Shift+,")
-        help_menu = bar.addMenu("&Help")
-        add(help_menu, "Keyboard shortcuts", lambda: show_info(self, "Keyboard shortcuts", SHORTCUTS))
-        add(help_menu, "About Ponder", lambda: show_info(
-            self, "About Ponder", "Ponder: an offline reasoning assistant. Everything runs on this computer; "
-            "nothing is sent anywhere."))
 
     def new_chat(self) -> None:
         self.controller.new_chat()
