@@ -267,3 +267,19 @@ def test_light_theme_rules_are_soft_not_black(themed):
     assert colours and all(c.lightness() > 100 for c in colours)
     assert themed.palette().color(QPalette.ColorRole.Window).lightness() > 160
     assert "border-radius" in themed.styleSheet()
+
+
+# --- settings --------------------------------------------------------------------------------------------
+def test_text_size_and_enter_sends_in_the_settings_dialog(qtbot, tmp_path):
+    from app.settings import AppSettings, from_dict
+    from ui.settings_dialog import SettingsDialog
+
+    dialog = SettingsDialog(AppSettings(model_id="m", font_size=14, enter_sends=True), tmp_path)
+    qtbot.addWidget(dialog)
+    assert dialog.font_size.value() == 14 and dialog.enter_sends.isChecked()
+    dialog.font_size.setValue(99)  # clamped to the largest size
+    dialog.enter_sends.setChecked(False)
+    got = dialog.settings()
+    assert (got.font_size, got.enter_sends) == (32, False)
+    assert from_dict({"font_size": 3, "enter_sends": "yes"}) == AppSettings()  # bad stored values: defaults
+    assert from_dict({"font_size": 18, "enter_sends": True}).font_size == 18
