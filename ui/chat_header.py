@@ -28,6 +28,7 @@ Ctrl+=  /  Ctrl+−  /  Ctrl+0  bigger / smaller / default text
 Ctrl+N  new chat
 Ctrl+F  search all chats
 Ctrl+,  settings
+Ctrl+Shift+,  this chat's settings (system prompt, sampling); double-click its title to rename it
 Ctrl+M  models
 Ctrl+Shift+A  adapters
 Ctrl+Q  quit"""
