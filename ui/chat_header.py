@@ -5,7 +5,7 @@ Emits what the user asked for; the window does it, through `ShellActions` (mixed
 the header, the welcome panel, the text size and pinned chats."""
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QEvent, Qt, Signal
 from PySide6.QtGui import QAction, QFont, QFontMetrics, QKeySequence
 from PySide6.QtWidgets import (
     QComboBox,
@@ -106,6 +106,7 @@ class ChatHeader(QWidget):
         layout.addWidget(self.settings_button)
         self.title.doubleClicked.connect(self.start_rename)
         self.title_edit.editingFinished.connect(self.finish_rename)
+        self.title_edit.installEventFilter(self)
         self.models.activated.connect(self._model_activated)
         self.settings_button.clicked.connect(self.settingsRequested)
         self.set_title(NEW_CHAT, editable=False)
@@ -135,12 +136,19 @@ class ChatHeader(QWidget):
             self.title.set_full(text)
             self.renameRequested.emit(text)
 
-    def keyPressEvent(self, event) -> None:
-        if event.key() == Qt.Key.Key_Escape and self.title_stack.currentWidget() is self.title_edit:
-            self.title_edit.setText(self.title.full)  # cancel: editingFinished then changes nothing
-            self.title_stack.setCurrentWidget(self.title)
-            return
-        super().keyPressEvent(event)
+    def cancel_rename(self) -> None:
+        self.title_edit.setText(self.title.full)  # editingFinished (focus leaving) then changes nothing
+        self.title_stack.setCurrentWidget(self.title)
+
+    def eventFilter(self, obj, event) -> bool:
+        """Esc in the title editor cancels the rename (before the window's Esc = Stop shortcut sees it)."""
+        if obj is self.title_edit and event.type() in (QEvent.Type.ShortcutOverride, QEvent.Type.KeyPress) \
+                and event.key() == Qt.Key.Key_Escape:
+            event.accept()
+            if event.type() == QEvent.Type.KeyPress:
+                self.cancel_rename()
+            return True
+        return super().eventFilter(obj, event)
 
     # --- model picker --------------------------------------------------------------------------------
     def set_models(self, models: list[tuple[str, str]], current: str) -> None:
