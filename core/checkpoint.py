@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import signal
 import sys
 import threading
@@ -115,6 +116,22 @@ class RunDir:
 
     def has_checkpoint(self) -> bool:
         return (self.checkpoint / "state.json").is_file()
+
+    def start_fresh(self, args: dict) -> None:
+        """A new run in this folder: an earlier run's checkpoint and log go, these args are written."""
+        shutil.rmtree(self.checkpoint, ignore_errors=True)
+        (self.path / "log.jsonl").unlink(missing_ok=True)
+        self.write_args(args)
+
+    def fail(self, err: Exception) -> int:
+        """Report a run's error as an 'error' event and return the exit code (2: a bad value, 1: anything else);
+        without --json-progress the error is raised on, with its traceback."""
+        message = str(err) or type(err).__name__
+        self.emit({"event": "error", "message": message})
+        if not self.json_progress:
+            raise err
+        print(f"ponder: {message}", file=sys.stderr, flush=True)
+        return 2 if isinstance(err, ValueError) else 1
 
     def write_args(self, args: dict) -> None:
         (self.path / "args.json").write_text(json.dumps(args, indent=2))

@@ -32,9 +32,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import random
-import shutil
 import signal
-import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, fields
@@ -368,19 +366,12 @@ def main(argv=None, store: ModelStore | None = None) -> int:
             args = args_from_json(rd.read_args())
         else:
             args = args_from_cli(a)
-            shutil.rmtree(rd.checkpoint, ignore_errors=True)
-            (rd.path / "log.jsonl").unlink(missing_ok=True)
-            rd.write_args(asdict(args))
+            rd.start_fresh(asdict(args))
         rd.clear_stop()
         rd.stop_on_signals()
         run(args, rd, store=store, resume=a.resume)
     except Exception as err:
-        message = str(err) or type(err).__name__
-        rd.emit({"event": "error", "message": message})
-        if not a.json_progress:
-            raise
-        print(f"ponder: {message}", file=sys.stderr, flush=True)
-        return 2 if isinstance(err, ValueError) else 1
+        return rd.fail(err)
     finally:
         if threading.current_thread() is threading.main_thread():
             for sig, handler in previous.items():

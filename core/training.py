@@ -14,8 +14,6 @@ import hashlib
 import json
 import math
 import random
-import shutil
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -335,19 +333,12 @@ def main(argv=None, store: ModelStore | None = None) -> int:
         else:
             args = args_from_cli(a)
             if not a.estimate:
-                shutil.rmtree(rd.checkpoint, ignore_errors=True)
-                (rd.path / "log.jsonl").unlink(missing_ok=True)
-                rd.write_args(asdict(args))
+                rd.start_fresh(asdict(args))
         rd.clear_stop()
         rd.stop_on_signals()
         run(args, rd, store=store, resume=a.resume, estimate=a.estimate)
     except Exception as err:
-        message = str(err) or type(err).__name__
-        rd.emit({"event": "error", "message": message})
-        if not a.json_progress:
-            raise
-        print(f"ponder: {message}", file=sys.stderr, flush=True)
-        return 2 if isinstance(err, ValueError) else 1
+        return rd.fail(err)
     return 0
 
 
