@@ -182,6 +182,27 @@ def recipe_of(args: SftArgs) -> dict:
     return {k: getattr(args, k) for k in keys}
 
 
+ESTIMATE_STEPS = 3
+"""Steps an estimate trains: the first (kernel warm-up, first allocations) is run but not counted."""
+
+
+def estimate_step_seconds(prep: Prepared, args: SftArgs, optim, order, on_step) -> float:
+    """Seconds an average step of this run takes: a few real steps, the first left out (it costs several times a
+    later one), as seconds per token times the data's mean example length — two random examples say little."""
+    timed = []
+
+    def record(entry: dict) -> None:
+        timed.append(entry)
+        on_step(entry)
+
+    fit(prep.model, prep.train, args, lambda p: None, lambda: len(timed) >= ESTIMATE_STEPS, optim=optim, order=order,
+        on_step=record)
+    later = timed[1:] or timed
+    per_token = sum(e["step_s"] for e in later) / max(1, sum(e["tokens"] for e in later))
+    mean_tokens = sum(len(p) + len(r) for p, r in prep.train) / len(prep.train)
+    return per_token * mean_tokens * args.grad_accum
+
+
 def run(args: SftArgs, rd: RunDir, *, store: ModelStore | None = None, resume: bool = False,
         estimate: bool = False) -> Path | None:
     """One run with events, checkpoints and stop requests: train (or resume), evaluate, save. Returns the saved
@@ -218,9 +239,7 @@ def run(args: SftArgs, rd: RunDir, *, store: ModelStore | None = None, resume: b
             checkpoint(entry["step"])
 
     if estimate:
-        fit(prep.model, prep.train, args, lambda p: None, lambda: done["steps"] >= 2, optim=optim, order=order,
-            on_step=on_step)
-        per_step = done["spent"] / done["steps"]
+        per_step = estimate_step_seconds(prep, args, optim, order, on_step)
         rd.emit({"event": "estimate", "seconds_per_step": round(per_step, 2), "total_s": round(per_step * total, 1)},
                 f"{per_step:.1f} s a step: about {per_step * total / 60:.1f} minutes for {total} steps")
         return None
@@ -282,7 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", default=None, help="checkpoints and logs (default: <data dir>/training/<name>)")
     p.add_argument("--resume", action="store_true", help="continue the run in --run-dir (or of --name)")
     p.add_argument("--json-progress", action="store_true", help="one JSON event per stdout line")
-    p.add_argument("--estimate", action="store_true", help="time two real steps, print the estimate, save nothing")
+    p.add_argument("--estimate", action="store_true", help="time a few real steps, print the estimate, save nothing")
     defaults = SftArgs(data=("x",))
     for name in FLAGS:
         value = getattr(defaults, name)

@@ -206,3 +206,22 @@ def test_cli_presets_fill_in_what_flags_leave_out(tmp_path):
     assert args.kind == "skill" and set(PRESETS) == {"quick", "balanced", "thorough"}
     legacy = args_from_cli(build_parser().parse_args(["--data", "f.jsonl", "--out", "o"]))
     assert legacy.kind == "reasoning" and legacy.steps == SftArgs(data=("x",)).steps
+
+
+def test_estimate_times_real_steps_leaves_out_the_first_and_saves_nothing(tiny_store, tmp_path, capsys):
+    """--estimate trains a few real steps, counts all but the first (warm-up) and scales seconds per token to the
+    data's mean example length; no checkpoint, no adapter."""
+    from core.adapter_library import AdapterLibrary
+    from core.training import ESTIMATE_STEPS, main
+
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"Say {i}", "response": f"{i} " * (1 + i % 5)}) + "\n"
+                            for i in range(12)))
+    rc = main(["--data", str(data), "--name", "probe", "--model-id", "tiny-qwen2", "--precision", "bf16", "--steps",
+               "40", "--run-dir", str(tmp_path / "run"), "--estimate", "--json-progress"], store=tiny_store)
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert rc == 0 and [e["event"] for e in events].count("progress") == ESTIMATE_STEPS
+    estimate = events[-1]
+    assert estimate["event"] == "estimate" and estimate["seconds_per_step"] > 0
+    assert estimate["total_s"] == pytest.approx(40 * estimate["seconds_per_step"], rel=0.01)
+    assert not (tmp_path / "run" / "checkpoint").exists() and AdapterLibrary().list("tiny-qwen2") == []
