@@ -9,6 +9,7 @@ from typing import NamedTuple
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QApplication, QFrame, QLabel, QScrollArea, QVBoxLayout, QWidget
+from shiboken6 import isValid
 
 from .message_card import MessageCard, failed
 from .vote_chart import tie_note
@@ -83,7 +84,11 @@ class ChatView(QScrollArea):
 
     def _focus_changed(self, _old, new) -> None:
         """Keyboard users get a card's buttons when focus is inside it (the pointer gets them on hover)."""
+        if not isValid(self):  # the window is closing
+            return
         for card in self.cards.values():
+            if not isValid(card):
+                continue
             inside = new is not None and card.isAncestorOf(new)
             if inside or not card.underMouse():
                 card.show_buttons(inside)

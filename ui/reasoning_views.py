@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 from PySide6.QtCore import QSize, Qt, QUrl, Signal
-from PySide6.QtGui import QTextCursor, QTextDocument
+from PySide6.QtGui import QImage, QTextCursor, QTextDocument
 from PySide6.QtWidgets import (
     QFrame,
     QGridLayout,
@@ -61,7 +61,9 @@ class FitBrowser(QTextBrowser):
         event.ignore()  # the transcript scrolls
 
     def loadResource(self, kind, url: QUrl):
-        return self.images.get(url.toString())  # never a file or a remote URL
+        """Only the rendered math: never a file or a remote URL (an unknown one is an empty image)."""
+        image = self.images.get(url.toString())
+        return image if image is not None else QImage()
 
     def set_html(self, html: str, images: dict | None = None) -> None:
         self.images = dict(images or {})
