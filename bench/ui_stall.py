@@ -143,14 +143,84 @@ async def measure(window, probe: StallProbe, max_tokens: int, long_tokens: int =
     return results
 
 
+def scripted_long(tokens: int = 2000, rate: float = 25.0) -> dict:
+    """The long case with the model replaced by a script that always streams `tokens` tokens (Markdown prose,
+    formulas, code) at `rate` tokens/s, so the window's side is measured at the full 2,000 tokens even when the
+    model ends its answer earlier. Uses the tests' scripted engine."""
+    import qasync
+    from PySide6.QtWidgets import QApplication
+
+    from app.chat_controller import ChatController
+    from app.engine_service import EngineService
+    from core.events import Answer, DoneEvent, RouteDecision, TokenEvent
+    from core.store import ChatStore
+    from tests.ui.scripted_engine import ScriptedEngine, _stats
+    from ui.main_window import MainWindow
+
+    block = ("Merge sort splits the list and merges the halves, so it runs in $O(n \\log n)$ time.\n\n"
+             "```python\ndef merge(a, b):\n    return sorted(a + b) if a and b else a or b\n```\n\n")
+    pieces = [w + " " for w in (block * (tokens // 20 + 1)).split(" ")][:tokens]
+
+    class Long(ScriptedEngine):
+        def stream(self, messages, sampling=None, **_options):
+            for k, piece in enumerate(pieces):
+                time.sleep(1 / rate)
+                yield TokenEvent(piece, "answer", k)
+            yield DoneEvent(Answer("".join(pieces), "stop", _stats(len(pieces)), self.model_id, (),
+                                   route=RouteDecision(False, None, "mode")))
+
+    app = QApplication.instance() or QApplication([])
+    loop = qasync.QEventLoop(app)
+    asyncio.set_event_loop(loop)
+    with tempfile.TemporaryDirectory() as tmp:
+        store = ChatStore(Path(tmp) / "chats.db")
+        service = EngineService(engine=Long())
+        window = MainWindow(service, ChatController(service, store))
+        window.show()
+        loop.run_until_complete(service.start())
+        window.controller.open(prefill(store))
+        window.composer.apply("base", 256, 1)
+        window.composer.input.setPlainText(LONG_PROMPT)
+        probe = StallProbe()
+
+        async def run():
+            probe.start()
+            started = time.perf_counter()
+            window.composer.send_button.click()
+            await wait_for(lambda: window.service.busy, 30)
+            await wait_for(lambda: not window.service.busy, 600)
+            stats = probe.stop()
+            return {**stats, "seconds": time.perf_counter() - started, "tokens": len(pieces),
+                    "chat_messages": len(window.controller.messages())}
+
+        result = loop.run_until_complete(run())
+        service.shutdown()
+        window.close()
+        store.close()
+    return result
+
+
 def main(argv=None) -> int:
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     p = argparse.ArgumentParser(prog="python -m bench.ui_stall")
     p.add_argument("--max-tokens", type=int, default=96, help="answer cap per case")
     p.add_argument("--long-tokens", type=int, default=2000, help="answer cap of the long-chat case")
+    p.add_argument("--scripted-long", action="store_true",
+                   help="only the long case, with a script that always streams 2,000 tokens (ui_stall_scripted.*)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
 
+    if args.scripted_long:
+        reserve = [None] * NONE_RESERVE  # noqa: F841 (see the module docstring)
+        result = scripted_long(args.long_tokens)
+        RESULTS.mkdir(exist_ok=True)
+        (RESULTS / "ui_stall_scripted.json").write_text(json.dumps({LONG_CASE + " (scripted)": result}, indent=2))
+        line = (f"{LONG_CASE}, scripted ({result['tokens']} tokens, {result['chat_messages']} messages after): "
+                f"max stall {result['max_stall_ms']:.1f} ms, p99 {result['p99_stall_ms']:.1f} ms, "
+                f"median {result['median_stall_ms']:.2f} ms over {result['seconds']:.0f} s")
+        (RESULTS / "ui_stall_scripted.md").write_text(line + "\n")
+        print(json.dumps(result) if args.json else line)
+        return 0
     import qasync
     from PySide6.QtWidgets import QApplication
 
@@ -196,4 +266,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    code = main()
+    sys.stdout.flush()
+    os._exit(code)  # no interpreter shutdown: it would free the None reserve and abort (see the docstring)
