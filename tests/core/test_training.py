@@ -223,5 +223,5 @@ def test_estimate_times_real_steps_leaves_out_the_first_and_saves_nothing(tiny_s
     assert rc == 0 and [e["event"] for e in events].count("progress") == ESTIMATE_STEPS
     estimate = events[-1]
     assert estimate["event"] == "estimate" and estimate["seconds_per_step"] > 0
-    assert estimate["total_s"] == pytest.approx(40 * estimate["seconds_per_step"], rel=0.01)
+    assert estimate["total_s"] == pytest.approx(40 * estimate["seconds_per_step"], abs=0.5)  # both rounded
     assert not (tmp_path / "run" / "checkpoint").exists() and AdapterLibrary().list("tiny-qwen2") == []
