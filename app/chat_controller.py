@@ -331,6 +331,7 @@ class ChatController(QObject):
         live = self.live
         stream = live.streams.setdefault(event.stream, {"thinking": "", "answer": ""})
         stream[event.kind] = stream.get(event.kind, "") + event.text
+        stream[f"{event.kind}_tokens"] = event.index + 1  # exact counts for the per-stream rows
         if event.stream == 0:
             if event.kind == "thinking":
                 live.thinking += event.text

@@ -260,3 +260,20 @@ def test_the_window_navigates_branches_with_the_card_buttons_and_after_a_restart
         assert again.controller.messages()[-1] == first and again.view.card(first.id).branch_label.text() == "1/3"
     finally:
         again.service.shutdown()
+
+
+def test_parallel_streams_carry_exact_token_counts_for_their_rows(loop, tmp_path):
+    """Each live stream counts its own thinking and answer tokens (the view's rows show them, not estimates)."""
+    ctl = make(loop, tmp_path / "chats.db", make_reasoning_engine())
+    seen = []
+    ctl.liveUpdated.connect(lambda live: seen.append({i: dict(s) for i, s in live.streams.items()}))
+    try:
+        loop.run_until_complete(ctl.send("What is 2+2?", ReplyOptions(mode="reason", budget=6, parallel=2,
+                                                                      temperature=0.7, answer_max_tokens=4)))
+    finally:
+        ctl.service.shutdown()
+    last = seen[-1]
+    assert sorted(last) == [0, 1]
+    for stream in last.values():
+        assert 1 <= stream["thinking_tokens"] <= 6
+        assert stream["answer_tokens"] >= 1  # the forced "Final answer" prefix counts as answer tokens too
