@@ -95,3 +95,18 @@ def test_switching_the_running_model(loop, tiny_store):
     assert loop.run_until_complete(loop.run_in_executor(service._executor, torch.get_num_threads)) == 1
     loop.run_until_complete(service.set_threads(None))
     service.shutdown()
+
+
+def test_no_header_or_value_is_clipped(manager, qtbot):
+    """Every column is at least as wide as its header and its values, and rows are as tall as their text (the
+    dialog clipped "Memory to run" and the two-line "data packages (PyPI)")."""
+    manager.show()
+    qtbot.waitExposed(manager)
+    table, metrics = manager.table, manager.table.fontMetrics()
+    header = table.horizontalHeader()
+    for j in range(1, table.columnCount()):  # column 0 stretches to the rest of the width
+        texts = [table.horizontalHeaderItem(j).text()] + [table.item(i, j).text() for i in range(table.rowCount())]
+        assert header.sectionSize(j) >= max(metrics.horizontalAdvance(t) for t in texts), texts
+    assert not table.verticalHeader().isVisible()
+    for i in range(table.rowCount()):
+        assert table.rowHeight(i) >= metrics.height()
