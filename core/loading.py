@@ -21,7 +21,7 @@ from . import adapters
 from .adapter_library import AdapterError, AdapterLibrary
 from .config import EngineConfig
 from .engine import Engine
-from .memory import release_free_memory
+from .memory import settle_heap
 from .model_store import InstalledModel, ModelStore
 from .paths import resource_dir
 from .router import Router
@@ -163,5 +163,5 @@ def load_engine(cfg: EngineConfig | None = None, store: ModelStore | None = None
         attach_reasoning(engine, _reasoning_cards(installed, store, cfg.reasoning_adapter, warnings), warnings)
         engine.router = load_component(installed, "switcher", Router.load, warnings)
         engine.verifier = load_component(installed, "verifier", Verifier.load, warnings)
-    release_free_memory()  # the loading temporaries (quantized unpacking, peft injection) go back to the OS
+    settle_heap()  # loading temporaries go back to the OS; the model's objects leave the GC's full collections
     return engine
