@@ -69,7 +69,7 @@ class ChatView(QScrollArea):
         bar = self.verticalScrollBar()
         bar.valueChanged.connect(self._scrolled)
         bar.rangeChanged.connect(self._range_changed)
-        QApplication.instance().focusChanged.connect(self._focus_changed)
+        self._watching_focus = False
 
     # --- scrolling -----------------------------------------------------------------------------------
     def _scrolled(self, value: int) -> None:
@@ -82,9 +82,30 @@ class ChatView(QScrollArea):
     def at_bottom(self) -> bool:
         return self._stick
 
+    # The application-wide focus signal is followed only while the view is shown: a window destroyed later (by
+    # the garbage collector, after it was closed) moves focus as its widgets go, and a slot running then on
+    # half-destroyed cards crashed the process.
+    def showEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        if not self._watching_focus:
+            QApplication.instance().focusChanged.connect(self._focus_changed)
+            self._watching_focus = True
+        super().showEvent(event)
+
+    def hideEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        self._stop_watching_focus()
+        super().hideEvent(event)
+
+    def _stop_watching_focus(self) -> None:
+        if self._watching_focus:
+            self._watching_focus = False
+            try:
+                QApplication.instance().focusChanged.disconnect(self._focus_changed)
+            except (RuntimeError, TypeError):
+                pass
+
     def _focus_changed(self, _old, new) -> None:
         """Keyboard users get a card's buttons when focus is inside it (the pointer gets them on hover)."""
-        if not isValid(self):  # the window is closing
+        if not isValid(self) or not self.isVisible():  # the window is closing or gone
             return
         for card in self.cards.values():
             if not isValid(card):
