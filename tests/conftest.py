@@ -76,3 +76,25 @@ def tiny_engine(tiny_hf_dir):
 
     model = load_plain(tiny_hf_dir, torch.bfloat16)
     return Engine(model, load_tokenizer(tiny_hf_dir), model_id=TINY_ID, precision="bf16", kv="bf16", context=512)
+
+
+@pytest.fixture(autouse=True)
+def _qt_objects_die_with_their_test():
+    """Windows, dialogs and services a test made are destroyed right after it, on the main thread: deferred
+    deletes are delivered and cycles collected now, not by a garbage collection that happens to run later on
+    whichever thread (an engine worker, another test), which crashed the process inside Qt's event processing."""
+    yield
+    import gc
+    import sys
+
+    if "PySide6.QtWidgets" not in sys.modules:
+        return
+    from PySide6.QtCore import QCoreApplication, QEvent
+
+    app = QCoreApplication.instance()
+    if app is None:
+        return
+    for _ in range(2):
+        QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
+        app.processEvents()
+        gc.collect()
