@@ -247,7 +247,7 @@ class ShellActions:
         cid = c.current
         self.header.set_title(c.title(cid) if cid else NEW_CHAT, editable=cid is not None)
         chat = self.current_chat_settings()
-        self.header.set_summary(settings_summary(chat) if chat else "", self.chat_settings_available())
+        self.header.set_summary(settings_summary(chat) if chat else "")
 
     def rename_from_header(self, title: str) -> None:
         if self.controller.current is not None:
@@ -271,21 +271,14 @@ class ShellActions:
         self.switch_model(model_id)
 
     # --- chat settings (system prompt, preset, sampling overrides) -----------------------------------
-    def chat_settings_available(self) -> bool:
-        c = self.controller
-        return callable(getattr(c, "chat_settings", None)) and callable(getattr(c, "set_chat_settings", None))
-
-    def current_chat_settings(self) -> dict | None:
-        """The open chat's settings (a new chat: what it will be created with); None without the feature."""
-        return self.controller.chat_settings() if self.chat_settings_available() else None
+    def current_chat_settings(self) -> dict:
+        """The open chat's settings (a new chat: what it will be created with)."""
+        return self.controller.chat_settings()
 
     def open_chat_settings(self) -> None:
         from .chat_settings_dialog import ChatSettingsDialog
 
         current = self.current_chat_settings()
-        if current is None:
-            self.status.setText("Per-chat settings need a newer chat database.")
-            return
         title = self.controller.title(self.controller.current) if self.controller.current else NEW_CHAT
         chosen = ChatSettingsDialog.ask(self, current, self.settings, title)
         if chosen is not None:
@@ -351,9 +344,5 @@ class ShellActions:
 
     # --- pinned chats --------------------------------------------------------------------------------
     def set_pinned(self, cid: str, pinned: bool) -> None:
-        pin = getattr(self.controller, "set_pinned", None)
-        if not callable(pin):
-            self.status.setText("Pinning chats needs a newer chat database.")
-            return
-        pin(cid, pinned)
+        self.controller.set_pinned(cid, pinned)
         self.refresh_conversations()

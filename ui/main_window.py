@@ -342,15 +342,13 @@ class MainWindow(QMainWindow, AdapterActions, ShellActions):
         if live_only and live is not None and self.view.update_live(live):
             return
         msgs = self.controller.messages()
-        branch = getattr(self.controller, "branch", None)
         branches = {}
-        if branch is not None:
-            for m in msgs:
-                n_m = branch(m)
-                if n_m and n_m[1] > 1:
-                    branches[m.id] = tuple(n_m)
+        for m in msgs:
+            n, count = self.controller.branch(m)
+            if count > 1:
+                branches[m.id] = (n, count)
         self.view.render(msgs, live, self.service.busy, self.service.ready and self.service.can_reason,
-                         branches=branches, can_delete=hasattr(self.controller, "delete_message"))
+                         branches=branches, can_delete=True)
 
     def on_action(self, verb: str, args: list) -> None:
         msgs = {m.id: m for m in self.controller.messages()}
