@@ -27,7 +27,12 @@ def dequantize_int8(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) ->
 
 
 class Int8KVLayer(DynamicLayer):
-    """One layer's keys/values in int8 + per-(token, head) scales, in buffers that double when full."""
+    """One layer's keys/values in int8 + per-(token, head) scales, in buffers that double when full.
+    `float_decode`: a one-token step gets float32 keys and values (for core.attention's decode path)."""
+
+    def __init__(self, float_decode: bool = False):
+        super().__init__()
+        self.float_decode = float_decode
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device = key_states.device
@@ -66,8 +71,10 @@ class Int8KVLayer(DynamicLayer):
         self.qv[:, :, self.length:end] = qv
         self.sv[:, :, self.length:end] = sv
         self.length = end
-        keys = dequantize_int8(self.qk[:, :, :end], self.sk[:, :, :end], self.dtype)
-        values = dequantize_int8(self.qv[:, :, :end], self.sv[:, :, :end], self.dtype)
+        # the "ponder" attention computes a decode step in float32: dequantize straight to it, one pass
+        dtype = torch.float32 if self.float_decode and t == 1 and not torch.is_grad_enabled() else self.dtype
+        keys = dequantize_int8(self.qk[:, :, :end], self.sk[:, :, :end], dtype)
+        values = dequantize_int8(self.qv[:, :, :end], self.sv[:, :, :end], dtype)
         return keys, values
 
     def get_seq_length(self) -> int:
@@ -111,7 +118,8 @@ def new_cache(config, kv: str = "bf16") -> Cache:
     if kv == "bf16":
         return DynamicCache(config=config)
     if kv == "int8":
-        return Cache(layers=[Int8KVLayer() for _ in range(config.num_hidden_layers)])
+        float_decode = getattr(config, "_attn_implementation", None) == "ponder"
+        return Cache(layers=[Int8KVLayer(float_decode) for _ in range(config.num_hidden_layers)])
     raise ValueError(f"unknown KV format {kv!r}")
 
 

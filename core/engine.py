@@ -24,6 +24,7 @@ import torch
 
 from . import adapters
 from .adapter_slots import AdapterChoice, AdapterSlots, Loaded
+from .attention import use_decode_attention
 from .cache import cache_bytes, crop, fork, new_cache
 from .chat_format import DEFAULT_SYSTEM, build_prompt_ids, stop_token_ids
 from .config import SamplingConfig
@@ -62,6 +63,7 @@ class Engine(AdapterChoice):
 
     def __init__(self, model, tokenizer, *, model_id: str, precision: str = "bf16", kv: str = "bf16",
                  context: int = 8192, router=None, adapter_name: str | None = None):
+        use_decode_attention(model)
         self.slots = AdapterSlots(model.eval(), adapter_name if adapters.is_adapted(model) else None)
         self.base_fingerprint: str | None = None
         """The base weights' fingerprint (set by the loader): adapters trained on other weights are refused."""
