@@ -15,6 +15,7 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, Signal
 
+from core.events import PhaseEvent
 from core.prompts import reasoning_prompts
 from core.store import KEEP, ChatStore, ReplyWriter, export_json, export_markdown
 
@@ -330,6 +331,10 @@ class ChatController(QObject):
             return
         live = self.live
         stream = live.streams.setdefault(event.stream, {"thinking": "", "answer": ""})
+        if isinstance(event, PhaseEvent):
+            stream["phase"] = event.phase
+            self.liveUpdated.emit(live)
+            return
         stream[event.kind] = stream.get(event.kind, "") + event.text
         stream[f"{event.kind}_tokens"] = event.index + 1  # exact counts for the per-stream rows
         if event.stream == 0:

@@ -189,7 +189,7 @@ def cmd_ask(args) -> int:
     if not text.strip():
         print("ponder ask: error: the question read from stdin is empty", file=sys.stderr)
         return 2
-    from core.events import DoneEvent
+    from core.events import DoneEvent, TokenEvent
     from core.loading import load_engine
 
     from .progress import TerminalProgress
@@ -232,7 +232,7 @@ def cmd_ask(args) -> int:
     for event in events:
         if isinstance(event, DoneEvent):
             answer = event.answer
-        elif not args.json and event.stream == 0:
+        elif isinstance(event, TokenEvent) and not args.json and event.stream == 0:
             if event.kind != kind:
                 sys.stdout.write("<think>\n" if event.kind == "thinking" else "\n</think>\n\n")
                 kind = event.kind

@@ -18,7 +18,7 @@ from dataclasses import replace
 from PySide6.QtCore import QObject, Signal
 
 from core.config import EngineConfig, SamplingConfig
-from core.events import Answer, TokenEvent
+from core.events import Answer, PhaseEvent, TokenEvent
 
 from .engine_worker import EngineWorker, Generation
 
@@ -29,7 +29,7 @@ class EngineService(QObject):
     progress = Signal(str, int, int)
     busyChanged = Signal(bool)
     tokenReceived = Signal(object)
-    """A core.events.TokenEvent."""
+    """A core.events.TokenEvent, or a PhaseEvent when one of several parallel streams verifies or is done."""
     answerFinished = Signal(object)
     """A core.events.Answer."""
     failed = Signal(str)
@@ -152,7 +152,7 @@ class EngineService(QObject):
         return Generation("stream", messages, sampling, options, cancel=cancel)
 
     def _on_event(self, event) -> None:
-        if isinstance(event, TokenEvent):
+        if isinstance(event, TokenEvent | PhaseEvent):
             self._post(self.tokenReceived, event)
 
     async def ask(self, messages, sampling: SamplingConfig | None = None, **options) -> Answer | None:

@@ -17,6 +17,15 @@ class TokenEvent:
 
 
 @dataclass(frozen=True)
+class PhaseEvent:
+    """One of several parallel streams moved on: 'verify' (its answer is written and the verifier reads it) or
+    'done'. Thinking and answering are told by the TokenEvents' kinds; a single stream sends no PhaseEvents."""
+
+    stream: int
+    phase: str
+
+
+@dataclass(frozen=True)
 class GenerationStats:
     """Per-request measurements."""
 

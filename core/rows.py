@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .config import SamplingConfig
-from .events import TokenEvent
+from .events import PhaseEvent, TokenEvent
 from .markers import ReasoningMarkers
 from .sampling import sample_next
 from .text_stream import TextStream
@@ -186,8 +186,9 @@ def decode_rows(model, cache, logits: torch.Tensor | None, rows: list[Row], *, t
                 markers: ReasoningMarkers, eos_ids: set[int], cfg: SamplingConfig, generator: torch.Generator,
                 adapter: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
                 cancel: threading.Event | None = None, verifier=None, mask: torch.Tensor | None = None,
-                next_pos: torch.Tensor | None = None) -> Iterator[TokenEvent]:
-    """Decode `rows` (batch order = cache rows) to the end, yielding TokenEvents as text becomes final.
+                next_pos: torch.Tensor | None = None) -> Iterator[TokenEvent | PhaseEvent]:
+    """Decode `rows` (batch order = cache rows) to the end, yielding TokenEvents as text becomes final (and, with
+    several rows, a PhaseEvent when a row starts verifying or is done).
 
     logits: (B, V) next-token logits after the prefill (None when every row starts with pending tokens).
     adapter: context to run decode steps under (the adapter on, or `adapters.base` for base answers).
@@ -196,6 +197,7 @@ def decode_rows(model, cache, logits: torch.Tensor | None, rows: list[Row], *, t
     """
     step = _Step(tokenizer, markers, eos_ids, cfg)
     active = list(rows)
+    told = {row.index: row.phase for row in rows} if len(rows) > 1 else None
     while active:
         if cancel is not None and cancel.is_set():
             for row in active:
@@ -211,6 +213,7 @@ def decode_rows(model, cache, logits: torch.Tensor | None, rows: list[Row], *, t
             picks = sample_next(scores, cfg, generator, _penalty_context([active[p] for p in need]))
             for pos, t in zip(need, picks.tolist(), strict=True):
                 yield from step.take(active[pos], t)
+            yield from _moved(active, told)
         keep = [pos for pos, row in enumerate(active) if row.phase != "done"]
         if not keep:
             return
@@ -239,3 +242,14 @@ def decode_rows(model, cache, logits: torch.Tensor | None, rows: list[Row], *, t
             scores = verifier.scores(out.hidden_states[-1][scoring, -1])
             for pos, s in zip(scoring, scores, strict=True):
                 active[pos].score, active[pos].phase = s, "done"
+            yield from _moved(active, told)
+
+
+def _moved(rows: list[Row], told: dict[int, str] | None) -> Iterator[PhaseEvent]:
+    """PhaseEvents for rows that started verifying or finished since they were last told (several rows only)."""
+    if told is None:
+        return
+    for row in rows:
+        if row.phase != told[row.index] and row.phase in ("verify", "done"):
+            told[row.index] = row.phase
+            yield PhaseEvent(row.index, row.phase)

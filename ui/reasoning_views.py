@@ -4,10 +4,8 @@ fitted read-only text browser every card uses, and one compact row per stream wh
 (phase: thinking / answering / verifying / done, tokens against the budget)."""
 from __future__ import annotations
 
-import time
-
 from PySide6.QtCore import QSize, Qt, QUrl, Signal
-from PySide6.QtGui import QImage, QTextCursor, QTextDocument
+from PySide6.QtGui import QImage, QPalette, QTextCursor, QTextDocument
 from PySide6.QtWidgets import (
     QFrame,
     QGridLayout,
@@ -116,6 +114,8 @@ class ThinkingCard(QFrame):
         box.addWidget(self.header, 0, Qt.AlignmentFlag.AlignLeft)
         box.addWidget(self.body)
         self._text = ""
+        self._typeset: tuple[str, bool] | None = None
+        """(trace, dark theme) last typeset by show_done; None while the body holds plain text."""
         self._apply(False)
 
     def _toggled(self, on: bool) -> None:
@@ -140,21 +140,31 @@ class ThinkingCard(QFrame):
 
     def set_text(self, text: str) -> None:
         """The whole trace; a trace that only grew is appended in place."""
-        if text == self._text:
+        if text == self._text and self._typeset is None:
             return
-        if self._text and text.startswith(self._text):
+        if self._text and text.startswith(self._text) and self._typeset is None:
             self.body.append_plain(text[len(self._text):])
         else:
             self.body.set_plain(text)
-        self._text = text
+        self._text, self._typeset = text, None
 
     def show_live(self, text: str, tokens: int, budget) -> None:
         self.header.setText(live_header(tokens, budget))
         self.set_text(text)
 
-    def show_done(self, text: str, seconds: float | None, tokens: int, budget, forced: bool) -> None:
+    def show_done(self, text: str, seconds: float | None, tokens: int, budget, forced: bool, render=None) -> None:
+        """The finished trace; with `render` (text → (html, images)) it is typeset like an answer (Markdown,
+        math): it streamed as plain text, appended in place."""
         self.header.setText(thought_header(seconds, tokens, budget, forced))
-        self.set_text(text)
+        if render is None:
+            self.set_text(text)
+        elif (text, self._dark()) != self._typeset:
+            html, images = render(text)
+            self.body.set_html(html, images)
+            self._text, self._typeset = text, (text, self._dark())
+
+    def _dark(self) -> bool:
+        return self.palette().color(QPalette.ColorRole.Base).lightness() < 128
 
     def plain_text(self) -> str:
         return self.header.text() + ("\n" + self._text if self.expanded else "")
@@ -164,10 +174,8 @@ PHASES = ("thinking", "answering", "verifying", "done")
 
 
 class StreamRows(QWidget):
-    """One row per parallel stream: phase, a bar of tokens against the budget, the count. A stream whose text
-    stopped growing while others still grow is done; when all have stopped, they are being verified."""
-
-    IDLE_S = 0.6
+    """One row per parallel stream: phase (thinking, answering, verifying, done — the engine's PhaseEvents), a bar
+    of tokens against the budget, the count."""
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -176,7 +184,6 @@ class StreamRows(QWidget):
         self.grid.setHorizontalSpacing(8)
         self.grid.setVerticalSpacing(2)
         self.rows: dict[int, tuple[QLabel, QLabel, QProgressBar, QLabel]] = {}
-        self._seen: dict[int, tuple[int, float]] = {}
         self.phases: dict[int, str] = {}
 
     def _row(self, i: int):
@@ -198,26 +205,17 @@ class StreamRows(QWidget):
             return int(exact), True
         return (len(stream.get(kind, "")) + 3) // 4, False
 
-    def update_streams(self, streams: dict, budget, now: float | None = None) -> None:
-        now = time.monotonic() if now is None else now
-        sizes = {i: len(s.get("thinking", "")) + len(s.get("answer", "")) for i, s in streams.items()}
-        for i, size in sizes.items():
-            last = self._seen.get(i)
-            if last is None or last[0] != size:
-                self._seen[i] = (size, now)
-        idle = {i for i in sizes if now - self._seen[i][1] > self.IDLE_S}
-        all_idle = bool(sizes) and len(idle) == len(sizes)
+    @staticmethod
+    def phase(stream: dict) -> str:
+        told = {"verify": "verifying", "done": "done"}.get(stream.get("phase", ""))
+        return told or ("answering" if stream.get("answer") else "thinking")
+
+    def update_streams(self, streams: dict, budget) -> None:
         for i in sorted(streams):
             s = streams[i]
             think, exact = self.tokens(s, "thinking")
             answer, exact_a = self.tokens(s, "answer")
-            if all_idle:
-                phase = "verifying"
-            elif i in idle and s.get("answer"):
-                phase = "done"
-            else:
-                phase = "answering" if s.get("answer") else "thinking"
-            self.phases[i] = phase
+            self.phases[i] = phase = self.phase(s)
             _, label, bar, count = self._row(i)
             label.setText(phase)
             bar.setRange(0, int(budget or max(think, 1)))

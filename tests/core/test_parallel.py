@@ -5,7 +5,7 @@ import torch
 from core import adapters
 from core.config import SamplingConfig
 from core.engine import Engine
-from core.events import DoneEvent, TokenEvent
+from core.events import DoneEvent, PhaseEvent, TokenEvent
 from core.verifier import Verifier
 from models.heads import VerifierHead, chunk_ema, load_head, save_head
 from tests.tiny import make_model, make_tokenizer
@@ -35,6 +35,17 @@ def test_four_streams_one_prefill_with_scores_and_vote():
     assert answer.text == answer.candidates[answer.chosen].text
     texts = {c.thinking for c in answer.candidates}
     assert len(texts) > 1  # rows really sample independently
+    for i in range(4):  # each stream tells when it starts verifying and when it is done, after its last token
+        mine = [e for e in events if getattr(e, "stream", None) == i]
+        phases = [e.phase for e in mine if isinstance(e, PhaseEvent)]
+        assert phases == ["verify", "done"]
+        assert isinstance(mine[-1], PhaseEvent) and isinstance(mine[-2], PhaseEvent)
+
+
+def test_a_single_stream_sends_no_phase_events():
+    engine = make_engine(with_verifier=True)
+    events = list(engine.parallel("What is 2+3?", SAMPLE, n=1, mode="reason", budget=6, answer_max_tokens=5))
+    assert not any(isinstance(e, PhaseEvent) for e in events)
 
 
 def test_streams_match_their_events_and_seed_repeats():
