@@ -244,6 +244,14 @@ class MessageCard(QFrame):
                                                         streaming=streaming)
         self.content.set_html(html, images)
 
+    def _selecting(self) -> bool:
+        return any(part.textCursor().hasSelection() for part in (*self.chunks, self.content))
+
+    def _render_thinking(self, text: str) -> tuple[str, dict]:
+        html, images, _blocks = render_content(text, dark=is_dark(self), key_prefix=f"{self.message_id}-think-",
+                                               streaming=False)
+        return html, images
+
     def _drop_chunks(self) -> None:
         for chunk in self.chunks:
             self.box.removeWidget(chunk)
@@ -287,9 +295,9 @@ class MessageCard(QFrame):
         streamed, self._key, self._live_answer = self._live_answer, key, None
         if self.streams is not None:
             self.streams.setVisible(False)
-        if self.chunks and streamed is not None and m.content == streamed:
-            self._set_tail(m.content, streaming=False)  # just finished: the frozen chunks stay as they are
-        else:
+        if self.chunks and streamed is not None and m.content == streamed and self._selecting():
+            self._set_tail(m.content, streaming=False)  # just finished under a selection: the chunks stay as they are
+        else:  # one document: a selection can run across the whole answer
             self._set_content(m.content, streaming=False)
         self.content.setVisible(bool(m.content) or m.role == "user")
         meta = m.meta
@@ -298,7 +306,7 @@ class MessageCard(QFrame):
             self.thinking.setVisible(bool(m.thinking or reasoned))
             seconds = self._thought_s if self._thought_s is not None else thinking_seconds(meta)
             self.thinking.show_done(m.thinking, seconds, meta.get("thinking_tokens", 0), meta.get("budget"),
-                                    bool(meta.get("budget_forced")))
+                                    bool(meta.get("budget_forced")), self._render_thinking)
         broken = failed(m)
         self.setProperty("failed", broken)
         self.error.setVisible(broken)
@@ -329,7 +337,7 @@ class MessageCard(QFrame):
             elif self._thought_s is None:
                 self._thought_s = elapsed
                 self.thinking.show_done(live.thinking, elapsed, live.thinking_tokens, live.budget,
-                                        live.thinking_tokens >= (live.budget or 1 << 30))
+                                        live.thinking_tokens >= (live.budget or 1 << 30), self._render_thinking)
         if len(live.streams) > 1:
             if self.streams is None:
                 self.streams = StreamRows()

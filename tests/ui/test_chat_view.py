@@ -98,6 +98,24 @@ def test_math_and_code_render_through_the_card(qtbot):
     assert got.args == ["copycode", [key]]
 
 
+def test_a_finished_trace_is_typeset_and_a_live_one_grows_as_text(qtbot):
+    trace = "Half of $\\frac{16}{2}$ is **8**, and <b>a tag</b> stays text."
+    meta = {"route": {"reason": True}, "thinking_tokens": 20, "budget": 64}
+    view = view_with(qtbot, [msg(1, "user", "Q"), msg(2, "assistant", "8", thinking=trace, meta=meta)])
+    body = view.card(2).thinking.body
+    assert body.images, "the trace's formula is drawn"
+    assert "**" not in body.toPlainText() and "<b>a tag</b>" in body.toPlainText()
+    live = LiveReply(conversation_id="c1", message_id=4, budget=64)
+    view.render([msg(3, "user", "Q2"), msg(4, "assistant", "", status="streaming")], live, busy=True)
+    thinking = view.card(4).thinking
+    live.thinking, live.thinking_tokens = "Think **hard**", 3
+    view.update_live(live)
+    assert thinking.body.toPlainText() == "Think **hard**"  # raw while it streams (appended in place)
+    live.answer = "Done"
+    view.update_live(live)
+    assert thinking.body.toPlainText().strip() == "Think hard" and thinking.header.text().startswith("Thought for")
+
+
 def test_hover_buttons_have_names_and_emit_their_verbs(qtbot):
     meta = {"route": {"reason": True}, "thinking_tokens": 5, "budget": 8}
     view = view_with(qtbot, [msg(1, "user", "Why?"), msg(2, "assistant", "Because.", thinking="hmm", meta=meta)],
@@ -163,8 +181,10 @@ def test_parallel_answers_stream_as_one_row_each_with_phase_and_tokens(qtbot):
     rows = view.card(2).streams
     assert len(rows.rows) == 4 and rows.phases == {0: "thinking", 1: "thinking", 2: "thinking", 3: "answering"}
     assert rows.rows[1][3].text().endswith("2/64 thinking · 0 answer") and rows.rows[1][2].maximum() == 64
-    rows.update_streams(live.streams, 64, now=time.monotonic() + 5)  # nothing grew for a while: verifying
-    assert set(rows.phases.values()) == {"verifying"}
+    live.streams[3]["phase"], live.streams[2]["phase"] = "verify", "done"  # the engine's PhaseEvents
+    view.update_live(live)
+    assert rows.phases == {0: "thinking", 1: "thinking", 2: "done", 3: "verifying"}
+    assert rows.rows[3][1].text() == "verifying"
     thinking = view.card(2).thinking
     assert thinking.isVisibleTo(view.card(2)) and thinking.header.text().startswith("Thinking…")
 
@@ -220,11 +240,33 @@ def test_a_long_answer_streams_in_frozen_chunks_and_finishes_without_a_rebuild(q
     assert max(len(card.content.toPlainText()), 1) < 3000  # only the tail is redrawn per tick
     revisions = [c.revision for c in card.chunks]
     assert len(card.code_blocks) == 60 and set(card.code_blocks.values()) == {"if a < b:\n    a = b"}
+    cursor = card.chunks[1].textCursor()  # the reader is selecting in a frozen chunk when the answer ends
+    cursor.setPosition(3)
+    cursor.setPosition(30, QTextCursor.MoveMode.KeepAnchor)
+    card.chunks[1].setTextCursor(cursor)
+    selected = cursor.selectedText()
     view.render([msg(1, "user", "Sorting?"), msg(2, "assistant", live.answer)], None)
     assert [c.revision for c in card.chunks] == revisions and "▌" not in view.toPlainText()
+    assert card.chunks[1].textCursor().selectedText() == selected  # nothing redrawn under the selection
     assert view.toPlainText().count("Then we compare.") == 60 and len(view.code_blocks) == 60
     view.render([msg(1, "user", "Sorting?"), msg(2, "assistant", "Edited elsewhere")], None)
     assert not card.chunks and "Edited elsewhere" in view.toPlainText()
+
+
+def test_a_long_answer_that_ends_with_nothing_selected_becomes_one_selectable_document(qtbot):
+    part = "Quick sort picks a pivot and splits the list around it, $O(n \\log n)$ on average.\n\n"
+    view = view_with(qtbot, [msg(1, "user", "Sorting?"), msg(2, "assistant", "", status="streaming")],
+                     LiveReply(conversation_id="c1", message_id=2), busy=True)
+    live = LiveReply(conversation_id="c1", message_id=2)
+    card = view.card(2)
+    for _ in range(80):
+        live.answer += part
+        view.update_live(live)
+    assert len(card.chunks) >= 2
+    view.render([msg(1, "user", "Sorting?"), msg(2, "assistant", live.answer)], None)
+    assert not card.chunks and card.content.toPlainText().count("Quick sort picks") == 80
+    card.content.selectAll()  # one selection from the first line to the last
+    assert card.content.textCursor().selectedText().count("Quick sort picks") == 80
 
 
 def test_the_window_regenerates_navigates_versions_and_deletes_through_the_cards(qtbot, loop, tmp_path, monkeypatch):
