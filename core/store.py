@@ -64,6 +64,8 @@ def _m5_branches_and_chat_settings(db: sqlite_utils.Database) -> None:
     db["messages"].create_index(["parent_id"], if_not_exists=True)
 
 
+MESSAGE_COLUMNS = {"content", "thinking", "status", "meta", "parent_id", "selected"}
+"""The columns `update_message` may set."""
 MIGRATIONS = [_m1_initial, _m2_reasoning, _m3_search, _m4_adapter, _m5_branches_and_chat_settings]
 _LEAF = object()
 """add_message's default parent: the end of the chat's shown branch."""
@@ -307,9 +309,15 @@ class ChatStore:
             self.db.execute(f"UPDATE messages SET selected = ? WHERE id IN ({marks})", [turn, *ids])
 
     def update_message(self, mid: int, **fields) -> None:
+        """One UPDATE statement (a streaming reply is flushed through here twice a second from the GUI thread:
+        sqlite_utils' `update` first reads the table's columns and names, four statements instead of one)."""
         if "meta" in fields:
             fields["meta"] = json.dumps(fields["meta"])
-        self.db["messages"].update(mid, fields)
+        unknown = set(fields) - MESSAGE_COLUMNS
+        if unknown:
+            raise ValueError(f"not message columns: {sorted(unknown)}")
+        columns = ", ".join(f"{name} = ?" for name in fields)
+        self.db.execute(f"UPDATE messages SET {columns} WHERE id = ?", [*fields.values(), mid])
 
     def delete_messages(self, cid: str, ids) -> None:
         """Drop exactly these messages of conversation `cid` (e.g. an empty reply row; `delete_branch` also

@@ -161,3 +161,16 @@ def test_reply_writer_batches_and_finishes(tmp_path):
     w.finish("complete", meta={"tokens": 2})
     m = store.messages(cid)[0]
     assert (m.content, m.thinking, m.status, m.meta) == ("Hello", "think", "complete", {"tokens": 2})
+
+
+def test_update_message_sets_only_message_columns_and_keeps_search_current(tmp_path):
+    store = ChatStore(tmp_path / "chats.db")
+    cid = store.new_conversation()
+    mid = store.add_message(cid, "assistant", "draft", status="streaming")
+    store.update_message(mid, content="The aardvark answer", status="complete", meta={"tokens": 3})
+    m = store.messages(cid)[0]
+    assert (m.content, m.status, m.meta) == ("The aardvark answer", "complete", {"tokens": 3})
+    assert [hit["id"] for hit in store.search("aardvark")] == [mid]  # the full-text index follows the update
+    with pytest.raises(ValueError, match="role"):
+        store.update_message(mid, role="user")
+    assert store.messages(cid)[0].role == "assistant"
