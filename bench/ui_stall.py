@@ -19,10 +19,13 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
+import traceback
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
+probe_traces: dict[str, list] = {}  # case → the watchdog's stack snapshots of its late ticks (with --trace)
 TICK_S = 0.005
 CASES = [  # (label, prompt, mode, budget, parallel)
     ("fast answer", "Write a short poem about the sea.", "base", 256, 1),
@@ -59,11 +62,17 @@ def prefill(store, messages: int = 50) -> str:
 
 
 class StallProbe:
-    """Records the gaps between ticks of a short periodic asyncio sleep on the GUI loop."""
+    """Records the gaps between ticks of a short periodic asyncio sleep on the GUI loop. With `trace`, a watchdog
+    thread snapshots the stacks of every thread when a tick is `trace_after_s` late, so a stall names its cause."""
 
-    def __init__(self):
+    def __init__(self, trace: bool = False, trace_after_s: float = 0.04):
         self.gaps: list[float] = []
+        self.traces: list[dict] = []
         self._task = None
+        self._trace, self._trace_after = trace, trace_after_s
+        self._last = time.perf_counter()
+        self._watchdog: threading.Thread | None = None
+        self._watching = threading.Event()
 
     async def _run(self):
         last = time.perf_counter()
@@ -71,14 +80,34 @@ class StallProbe:
             await asyncio.sleep(TICK_S)
             now = time.perf_counter()
             self.gaps.append(max(0.0, now - last - TICK_S))
-            last = now
+            if self.traces and self.traces[-1]["tick"] == last and "stall_ms" not in self.traces[-1]:
+                self.traces[-1]["stall_ms"] = 1000 * self.gaps[-1]  # the whole stall the snapshot was taken in
+            last = self._last = now
+
+    def _watch(self, gui_thread: int):
+        seen = None
+        while self._watching.is_set():
+            time.sleep(0.005)
+            late = time.perf_counter() - self._last - TICK_S
+            if late > self._trace_after and seen != self._last:
+                seen = self._last
+                names = {t.ident: t.name for t in threading.enumerate()}
+                stacks = {("GUI" if ident == gui_thread else names.get(ident, str(ident))):
+                          traceback.format_stack(frame)[-12:] for ident, frame in sys._current_frames().items()}
+                self.traces.append({"late_ms": 1000 * late, "tick": seen, "stacks": stacks})
 
     def start(self):
-        self.gaps = []
+        self.gaps, self.traces = [], []
+        self._last = time.perf_counter()
         self._task = asyncio.ensure_future(self._run())
+        if self._trace:
+            self._watching.set()
+            self._watchdog = threading.Thread(target=self._watch, args=(threading.get_ident(),), daemon=True)
+            self._watchdog.start()
 
     def stop(self) -> dict:
         self._task.cancel()
+        self._watching.clear()
         gaps = sorted(self.gaps) or [0.0]
         return {"max_stall_ms": 1000 * gaps[-1], "p99_stall_ms": 1000 * gaps[int(0.99 * (len(gaps) - 1))],
                 "median_stall_ms": 1000 * statistics.median(gaps), "ticks": len(gaps)}
@@ -92,12 +121,12 @@ async def wait_for(predicate, timeout: float):
         await asyncio.sleep(0.01)
 
 
-async def measure(window, probe: StallProbe, max_tokens: int, long_tokens: int = 2000) -> dict:
+async def measure(window, probe: StallProbe, max_tokens: int, long_tokens: int = 2000, only_long: bool = False) -> dict:
     from dataclasses import replace
 
     results = {}
     window.apply_settings(replace(window.settings, answer_max_tokens=max_tokens))
-    for label, prompt, mode, budget, parallel in CASES:
+    for label, prompt, mode, budget, parallel in ([] if only_long else CASES):
         window.new_chat()
         window.composer.apply(mode, budget, parallel)
         window.composer.input.setPlainText(prompt)
@@ -111,6 +140,7 @@ async def measure(window, probe: StallProbe, max_tokens: int, long_tokens: int =
         stats.update(seconds=time.perf_counter() - started, tokens=reply.meta.get("tokens", 0),
                      none_refs_lost=nones - sys.getrefcount(None))
         results[label] = stats
+        probe_traces[label] = probe.traces
     # a long answer streaming into a chat that already holds 50 messages (only the live card is redrawn)
     window.apply_settings(replace(window.settings, answer_max_tokens=long_tokens))
     window.controller.open(prefill(window.controller.store))
@@ -126,7 +156,10 @@ async def measure(window, probe: StallProbe, max_tokens: int, long_tokens: int =
     stats.update(seconds=time.perf_counter() - started, tokens=reply.meta.get("tokens", 0),
                  chat_messages=len(window.controller.messages()), none_refs_lost=nones - sys.getrefcount(None))
     results[LONG_CASE] = stats
+    probe_traces[LONG_CASE] = probe.traces
     window.apply_settings(replace(window.settings, answer_max_tokens=max_tokens))
+    if only_long:
+        return results
     # Stop: how long from the click until the answer has ended and the composer is usable again
     window.new_chat()
     window.composer.apply("base", 256, 1)
@@ -205,6 +238,9 @@ def main(argv=None) -> int:
     p.add_argument("--long-tokens", type=int, default=2000, help="answer cap of the long-chat case")
     p.add_argument("--scripted-long", action="store_true",
                    help="only the long case, with a script that always streams 2,000 tokens (ui_stall_scripted.*)")
+    p.add_argument("--only-long", action="store_true", help="only the real long-chat case (a quicker check)")
+    p.add_argument("--trace", action="store_true",
+                   help="snapshot every thread's stack when a tick is 40 ms late (bench/results/ui_stall_traces.json)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
 
@@ -235,16 +271,22 @@ def main(argv=None) -> int:
         service = EngineService(EngineConfig())
         window = MainWindow(service, ChatController(service, store))
         window.show()
-        probe = StallProbe()
+        probe = StallProbe(trace=args.trace)
         loaded = loop.run_until_complete(service.start())
         if not loaded:
             raise SystemExit("the embedded model could not be loaded (run `make model` first)")
-        results = loop.run_until_complete(measure(window, probe, args.max_tokens, args.long_tokens))
+        results = loop.run_until_complete(measure(window, probe, args.max_tokens, args.long_tokens, args.only_long))
         service.shutdown()
         window.close()
         window.deleteLater()
         app.processEvents()
         store.close()
+    RESULTS.mkdir(exist_ok=True)
+    if args.trace:
+        (RESULTS / "ui_stall_traces.json").write_text(json.dumps(probe_traces, indent=1))
+    if args.only_long:
+        print(json.dumps(results, indent=2))
+        return 0
     worst = max(v["max_stall_ms"] for k, v in results.items() if "max_stall_ms" in v)
     summary = {"cases": results, "worst_stall_ms": worst, "target_ms": 100, "met": worst < 100,
                "stop_latency_ms": results["stop"]["stop_latency_ms"], "cpu_count": os.cpu_count()}
