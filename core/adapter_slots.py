@@ -13,7 +13,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import adapters
+from . import adapters, lora_fast
 
 MAX_LOADED = 4
 """Adapters kept in memory at once (a rank-16 adapter of the 0.5B model is ~35 MB in float32)."""
@@ -68,10 +68,12 @@ class AdapterSlots:
         self.reasoning: Loaded | None = None
         self.skills: dict[str, Loaded] = {}
         self._count = 0
-        self._layers: list | None = None
+        self._layers: list = []
         if reasoning_name is not None and adapters.is_adapted(model):  # the adapter the model came with
             self.reasoning = Loaded(model.active_adapter, reasoning_name)
             self._loaded[self.reasoning.peft_name] = self.reasoning
+        if adapters.is_adapted(model):
+            self._find_layers()
 
     def load(self, folder: Path, name: str) -> Loaded:
         """Load the adapter in `folder` (once per set of files) and return it; raises ValueError when it is
@@ -104,7 +106,7 @@ class AdapterSlots:
         except Exception as err:  # shapes of another model, unknown config keys, ...: leave no half adapter
             raise ValueError(f"it does not fit this model ({type(err).__name__}: {err})") from err
         self.model.eval()
-        self._layers = None  # another adapter may wrap other layers
+        self._find_layers()  # another adapter may wrap other layers
         self._restore_active()
         item = Loaded(peft_name, name, key)
         self._loaded[peft_name] = item
@@ -125,7 +127,7 @@ class AdapterSlots:
             del self._loaded[victim]
             self.skills = {k: v for k, v in self.skills.items() if v.peft_name != victim}
             self.model.delete_adapter(victim)
-            self._layers = None
+            self._find_layers()
             self._restore_active()
 
     def add_skill(self, folder: Path, name: str) -> Loaded:
@@ -138,13 +140,12 @@ class AdapterSlots:
         except KeyError:
             raise ValueError(f"The skill adapter '{name}' is not loaded.") from None
 
-    def _tuner_layers(self) -> list:
-        """The model's LoRA layers, found once per set of loaded adapters."""
-        if self._layers is None:
-            from peft.tuners.tuners_utils import BaseTunerLayer
+    def _find_layers(self) -> None:
+        """Find the model's LoRA layers (once per set of loaded adapters) and give them the fast inference path."""
+        from peft.tuners.tuners_utils import BaseTunerLayer
 
-            self._layers = [m for m in self.model.modules() if isinstance(m, BaseTunerLayer)]
-        return self._layers
+        self._layers = [m for m in self.model.modules() if isinstance(m, BaseTunerLayer)]
+        lora_fast.install(self._layers)
 
     @contextlib.contextmanager
     def using(self, item: Loaded | None):
@@ -160,7 +161,7 @@ class AdapterSlots:
                 with adapters.base(self.model):
                     yield
                 return
-            layers = self._tuner_layers()
+            layers = self._layers
             before = [layer._disable_adapters for layer in layers]
             try:
                 for layer in layers:

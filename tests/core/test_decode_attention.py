@@ -87,3 +87,26 @@ def test_base_by_flag_equals_peft_disable_adapter_and_restores():
         with pytest.raises(RuntimeError), engine.slots.using(None):
             raise RuntimeError("a failed step")
         torch.testing.assert_close(engine.model(input_ids=ids).logits, adapted)
+
+
+def test_the_fast_lora_path_computes_what_peft_computes():
+    from peft.tuners.lora.layer import Linear
+
+    model = adapters.attach_new(make_model(448), rank=4)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                torch.nn.init.normal_(p, std=0.3)
+    model.eval()
+    ids = torch.randint(5, 400, (2, 6))
+    with torch.inference_mode():
+        peft_out = model(input_ids=ids).logits
+    engine = Engine(model, make_tokenizer(), model_id="tiny", context=256, adapter_name="reasoning")
+    layers = [m for m in engine.model.modules() if isinstance(m, Linear)]
+    assert layers and all("_peft_forward" in m.__dict__ for m in layers)  # installed on every LoRA linear
+    with torch.inference_mode():
+        assert torch.equal(engine.model(input_ids=ids).logits, peft_out)
+    out = engine.model(input_ids=ids).logits  # with gradients: peft's own path, same function
+    torch.testing.assert_close(out, peft_out)
+    out.sum().backward()
+    assert any(p.grad is not None for p in engine.model.parameters() if p.requires_grad)
