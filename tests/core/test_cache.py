@@ -1,6 +1,6 @@
 import torch
 
-from core.cache import Int8KVLayer, cache_bytes, crop, dequantize_int8, fork, new_cache, quantize_int8
+from core.cache import GROWTH, Int8KVLayer, allocated_bytes, cache_bytes, crop, dequantize_int8, fork, new_cache, quantize_int8
 from models.registry import KNOWN_MODELS
 
 
@@ -63,3 +63,19 @@ def test_fork_crop_and_select(tiny_engine):
         assert four.get_seq_length() == 8
         four.batch_select_indices(torch.tensor([0, 2]))
         assert cache_bytes(four) == 2 * cache_bytes(cache) * 8 // 12
+
+
+def test_int8_buffers_grow_by_a_few_tokens_so_allocated_bytes_stay_near_used(tiny_engine):
+    config = tiny_engine.model.config
+    caches = {kv: new_cache(config, kv) for kv in ("bf16", "int8")}
+    for cache in caches.values():
+        for layer in range(config.num_hidden_layers):
+            cache.update(torch.randn(1, 2, 2048, 64, dtype=torch.bfloat16),
+                         torch.randn(1, 2, 2048, 64, dtype=torch.bfloat16), layer)
+            for _ in range(3):  # a few decode steps past the prompt
+                step = torch.randn(1, 2, 1, 64, dtype=torch.bfloat16)
+                cache.update(step, step, layer)
+    layer = caches["int8"].layers[0]
+    assert layer.qk.shape[-2] <= 2051 + GROWTH  # not doubled to 4,096
+    ratio = allocated_bytes(caches["int8"]) / allocated_bytes(caches["bf16"])
+    assert ratio <= 0.55, ratio
