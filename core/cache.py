@@ -20,9 +20,10 @@ allocated bytes stay ≤ 0.55× a bf16 cache's; the copy it costs every 64 token
 
 
 def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x: (B, H, T, D) -> int8 (B, H, T, D) and bf16 scales (B, H, T, 1), absmax per token and head."""
-    scale = x.abs().amax(dim=-1, keepdim=True).float().clamp_(min=1e-8) / 127.0
-    q = torch.round(x.float() / scale).clamp_(-127, 127).to(torch.int8)
+    """x: (..., T, D) -> int8 (..., T, D) and bf16 scales (..., T, 1), absmax per token and head."""
+    xf = x.float()
+    scale = xf.abs().amax(dim=-1, keepdim=True).clamp_(min=1e-8).div_(127.0)
+    q = xf.div_(scale).round_().clamp_(-127, 127).to(torch.int8)
     return q, scale.to(torch.bfloat16)
 
 
@@ -32,34 +33,34 @@ def dequantize_int8(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) ->
 
 class Int8KVLayer(DynamicLayer):
     """One layer's keys/values in int8 + per-(token, head) scales, in buffers that grow by GROWTH tokens.
-    `float_decode`: a one-token step gets float32 keys and values (for core.attention's decode path)."""
+    Keys and values share one buffer (2, B, H, capacity, D), so a step quantizes, stores and dequantizes them
+    in one pass each. `float_decode`: a one-token step gets float32 keys and values (core.attention's decode)."""
 
     def __init__(self, float_decode: bool = False):
         super().__init__()
         self.float_decode = float_decode
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        if key_states.shape != value_states.shape:
+            raise ValueError("the int8 cache needs keys and values of one shape")
         self.device = key_states.device
         self.dtype = key_states.dtype
         self.length = 0
-        b, h, _, d = key_states.shape
-        cap = max(INITIAL_CAPACITY, key_states.shape[-2])
-        self.qk = torch.empty(b, h, cap, d, dtype=torch.int8)
-        self.qv = torch.empty(b, h, cap, value_states.shape[-1], dtype=torch.int8)
-        self.sk = torch.empty(b, h, cap, 1, dtype=torch.bfloat16)
-        self.sv = torch.empty(b, h, cap, 1, dtype=torch.bfloat16)
+        b, h, t, d = key_states.shape
+        cap = max(INITIAL_CAPACITY, t)
+        self.q = torch.empty(2, b, h, cap, d, dtype=torch.int8)
+        self.s = torch.empty(2, b, h, cap, 1, dtype=torch.bfloat16)
         self.keys = self.values = None
         self.is_initialized = True
 
     def _ensure_capacity(self, needed: int) -> None:
-        cap = self.qk.shape[-2]
+        cap = self.q.shape[-2]
         if needed <= cap:
             return
-        new_cap = needed + GROWTH
-        for name in ("qk", "qv", "sk", "sv"):
+        for name in ("q", "s"):
             old = getattr(self, name)
-            grown = torch.empty(*old.shape[:2], new_cap, old.shape[-1], dtype=old.dtype)
-            grown[:, :, : self.length] = old[:, :, : self.length]
+            grown = torch.empty(*old.shape[:3], needed + GROWTH, old.shape[-1], dtype=old.dtype)
+            grown[..., : self.length, :] = old[..., : self.length, :]
             setattr(self, name, grown)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
@@ -68,18 +69,14 @@ class Int8KVLayer(DynamicLayer):
         t = key_states.shape[-2]
         self._ensure_capacity(self.length + t)
         end = self.length + t
-        qk, sk = quantize_int8(key_states)
-        qv, sv = quantize_int8(value_states)
-        self.qk[:, :, self.length:end] = qk
-        self.sk[:, :, self.length:end] = sk
-        self.qv[:, :, self.length:end] = qv
-        self.sv[:, :, self.length:end] = sv
+        q, scale = quantize_int8(torch.stack((key_states, value_states)))
+        self.q[..., self.length:end, :] = q
+        self.s[..., self.length:end, :] = scale
         self.length = end
         # the "ponder" attention computes a decode step in float32: dequantize straight to it, one pass
         dtype = torch.float32 if self.float_decode and t == 1 and not torch.is_grad_enabled() else self.dtype
-        keys = dequantize_int8(self.qk[:, :, :end], self.sk[:, :, :end], dtype)
-        values = dequantize_int8(self.qv[:, :, :end], self.sv[:, :, :end], dtype)
-        return keys, values
+        kv = dequantize_int8(self.q[..., :end, :], self.s[..., :end, :], dtype)
+        return kv[0], kv[1]
 
     def get_seq_length(self) -> int:
         return self.length if self.is_initialized else 0
@@ -95,31 +92,31 @@ class Int8KVLayer(DynamicLayer):
             self.length = max(0, self.length + tokens_to_remove)
 
     def _map_rows(self, fn) -> None:
+        """Apply `fn` to the batch dimension (dim 1 of the buffers), keeping the tokens in use."""
         if not self.is_initialized:
             return
-        for name in ("qk", "qv", "sk", "sv"):
-            setattr(self, name, fn(getattr(self, name)[:, :, : max(self.length, 1)]).contiguous())
+        for name in ("q", "s"):
+            setattr(self, name, fn(getattr(self, name)[..., : max(self.length, 1), :]).contiguous())
 
     def batch_repeat_interleave(self, repeats: int) -> None:
-        self._map_rows(lambda t: t.repeat_interleave(repeats, dim=0))
+        self._map_rows(lambda t: t.repeat_interleave(repeats, dim=1))
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self._map_rows(lambda t: t[indices])
+        self._map_rows(lambda t: t[:, indices])
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        self._map_rows(lambda t: t.index_select(0, beam_idx))
+        self._map_rows(lambda t: t.index_select(1, beam_idx))
 
     def allocated_bytes(self) -> int:
         """Bytes of the buffers as allocated (capacity, not tokens used)."""
         if not self.is_initialized:
             return 0
-        return sum(getattr(self, n).untyped_storage().nbytes() for n in ("qk", "qv", "sk", "sv"))
+        return self.q.untyped_storage().nbytes() + self.s.untyped_storage().nbytes()
 
     def nbytes(self) -> int:
         if not self.is_initialized:
             return 0
-        per_token = sum(getattr(self, n)[:, :, :1].numel() * getattr(self, n).element_size()
-                        for n in ("qk", "qv", "sk", "sv"))
+        per_token = sum(t[..., :1, :].numel() * t.element_size() for t in (self.q, self.s))
         return per_token * self.length
 
 

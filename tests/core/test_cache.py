@@ -76,6 +76,6 @@ def test_int8_buffers_grow_by_a_few_tokens_so_allocated_bytes_stay_near_used(tin
                 step = torch.randn(1, 2, 1, 64, dtype=torch.bfloat16)
                 cache.update(step, step, layer)
     layer = caches["int8"].layers[0]
-    assert layer.qk.shape[-2] <= 2051 + GROWTH  # not doubled to 4,096
+    assert layer.q.shape[-2] <= 2051 + GROWTH  # not doubled to 4,096
     ratio = allocated_bytes(caches["int8"]) / allocated_bytes(caches["bf16"])
     assert ratio <= 0.55, ratio
