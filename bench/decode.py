@@ -9,13 +9,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import statistics
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
+
+from bench.machine import cpu_name
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PROMPT = "Write a Python function that checks whether a number is prime, and explain how it works."
@@ -28,6 +30,15 @@ PONDER_SYSTEMS = {  # name: (precision, kv, head_bits, int4 group size)
     "ponder_w4a16kv8_g32": ("w4", "int8", 4, 32),
 }
 DEFAULT_SYSTEM = "ponder_w4a16kv8"
+VARIANTS = {  # the default system run another way: name → what it measures
+    "ponder_w4a16kv8_reason": "decode under the reasoning adapter (Reason mode's thinking tokens)",
+    "ponder_w4a16kv8_parallel8": "8 answers from one prefill, aggregate tokens/s",
+}
+LONG_PROMPTS = (512, 2048)
+"""Prompt lengths whose time to first token is measured for the default system and llama.cpp."""
+FILLER = ("The history of computing is a long story of people trying to make machines do arithmetic faster and "
+          "more reliably, from the abacus to mechanical calculators, punched cards, vacuum tubes, transistors "
+          "and finally integrated circuits that hold billions of switches on a chip the size of a fingernail. ")
 
 
 def peak_rss_mb() -> float:
@@ -64,24 +75,87 @@ def run_hf(dtype_name: str, model_id: str, tokens: int, runs: int) -> dict:
             "kv_bytes_per_token": kv_per_token, "prompt_tokens": ids.shape[1]}
 
 
+def long_prompt(tokenizer, tokens: int) -> str:
+    """A user message whose chat prompt is `tokens` tokens long (within a few)."""
+    from core.chat_format import build_prompt_ids
+
+    words = (FILLER * (tokens // 40 + 2)).split(" ")
+    lo, hi = 1, len(words)
+    while lo < hi:  # the most words whose prompt fits
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if len(build_prompt_ids(tokenizer, " ".join(words[:mid]))) <= tokens else (lo, mid - 1)
+    return " ".join(words[:lo])
+
+
 def run_ponder(name: str, model_id: str, tokens: int, runs: int) -> dict:
     from core.config import EngineConfig, SamplingConfig
     from core.loading import load_engine
 
-    precision, kv, head_bits, group = PONDER_SYSTEMS[name]
+    variant = name if name in VARIANTS else None
+    precision, kv, head_bits, group = PONDER_SYSTEMS[DEFAULT_SYSTEM if variant else name]
     engine = load_engine(EngineConfig(model_id=model_id, precision=precision, kv=kv, head_bits=head_bits,
-                                      group_size=group), reasoning=False)  # the plain base model: what llama.cpp and HF run too
+                                      group_size=group),  # the plain base model: what llama.cpp and HF run too
+                         reasoning=variant == "ponder_w4a16kv8_reason")
     cfg = SamplingConfig(temperature=0, repetition_penalty=1.0, max_tokens=tokens, ignore_eos=True)
-    engine.generate(PROMPT, SamplingConfig(temperature=0, max_tokens=8, ignore_eos=True))  # warm-up
+    if variant == "ponder_w4a16kv8_reason":
+        if engine.adapter_name is None:
+            raise SystemExit("no reasoning adapter for this model")
+        kw = {"mode": "reason", "budget": tokens, "answer_max_tokens": 4}
+    else:
+        kw = {}
+
+    def generate():
+        if variant == "ponder_w4a16kv8_parallel8":
+            from core.engine import collect
+
+            return collect(engine.parallel(PROMPT, replace(cfg, temperature=0.7, seed=0), n=8, mode="base"))
+        return engine.generate(PROMPT, cfg, **kw)
+
+    engine.generate(PROMPT, SamplingConfig(temperature=0, max_tokens=8, ignore_eos=True), **kw)  # warm-up
     ttfts, rates, answer = [], [], None
     for _ in range(runs):
-        answer = engine.generate(PROMPT, cfg)
+        answer = generate()
         ttfts.append(answer.stats.ttft_s)
         rates.append(answer.stats.decode_tok_s)
     cached = answer.stats.prompt_tokens + answer.stats.completion_tokens - 1
-    return {"ttft_s": statistics.median(ttfts), "decode_tok_s": statistics.median(rates),
-            "kv_bytes_per_token": answer.stats.kv_cache_bytes / cached, "prompt_tokens": answer.stats.prompt_tokens,
-            "sample": answer.text[:160]}
+    out = {"ttft_s": statistics.median(ttfts), "decode_tok_s": statistics.median(rates),
+           "kv_bytes_per_token": answer.stats.kv_cache_bytes / cached, "prompt_tokens": answer.stats.prompt_tokens,
+           "sample": answer.text[:160]}
+    if variant:
+        out["what"] = VARIANTS[variant]
+        out["kv_bytes_per_token"] = None
+    if name == DEFAULT_SYSTEM:
+        for n in LONG_PROMPTS:
+            text = long_prompt(engine.tokenizer, n)
+            engine.generate(text, replace(cfg, max_tokens=1))  # warm-up at this length
+            out[f"ttft_{n}_s"] = statistics.median([engine.generate(text, replace(cfg, max_tokens=1)).stats.ttft_s
+                                                    for _ in range(2)])
+        out.update(kv_allocation(engine))
+    return out
+
+
+def kv_allocation(engine, contexts=(2048, 8192)) -> dict:
+    """Allocated bytes of the int8 and the bf16 cache after a real prefill of each context length plus a few decode
+    steps (buffers as they lie in memory, not bytes per token times tokens)."""
+    import torch
+
+    from core.cache import allocated_bytes, new_cache
+
+    out = {}
+    for n in contexts:
+        ids = torch.randint(1000, 20000, (1, n))
+        sizes = {}
+        for kv in ("bf16", "int8"):
+            cache = new_cache(engine.model.config, kv)
+            with torch.inference_mode():
+                for start in range(0, n, 1024):
+                    engine.model(input_ids=ids[:, start:start + 1024], cache=cache, use_cache=True, logits_to_keep=1)
+                for _ in range(4):
+                    engine.model(input_ids=ids[:, :1], cache=cache, use_cache=True, logits_to_keep=1)
+            sizes[kv] = allocated_bytes(cache)
+            del cache
+        out[f"kv_allocated_{n}"] = sizes
+    return out
 
 
 def run_llama_cpp(model_id: str, tokens: int, runs: int, repack: bool) -> dict:
@@ -107,8 +181,10 @@ def run_llama_cpp(model_id: str, tokens: int, runs: int, repack: bool) -> dict:
         llama_cpp.llama.llama_cpp.llama_model_default_params = params
     from core.loading import set_threads
 
-    llm = llama_cpp.Llama(model_path=str(gguf), n_threads=set_threads(None), n_ctx=2048, verbose=False)
-    ids = build_prompt_ids(load_tokenizer(m.hf_dir), PROMPT)
+    llm = llama_cpp.Llama(model_path=str(gguf), n_threads=set_threads(None), n_ctx=max(LONG_PROMPTS) + 256,
+                          verbose=False)
+    tokenizer = load_tokenizer(m.hf_dir)
+    ids = build_prompt_ids(tokenizer, PROMPT)
     ttfts, rates = [], []
     for _ in range(runs + 1):
         llm.reset()
@@ -123,8 +199,18 @@ def run_llama_cpp(model_id: str, tokens: int, runs: int, repack: bool) -> dict:
         end = time.perf_counter()
         ttfts.append(first - t)
         rates.append((n - 1) / (end - first))
-    return {"ttft_s": statistics.median(ttfts[1:]), "decode_tok_s": statistics.median(rates[1:]),
-            "kv_bytes_per_token": None, "prompt_tokens": len(ids), "repack": repack}
+    out = {"ttft_s": statistics.median(ttfts[1:]), "decode_tok_s": statistics.median(rates[1:]),
+           "kv_bytes_per_token": None, "prompt_tokens": len(ids), "repack": repack}
+    for n in LONG_PROMPTS:
+        long_ids = build_prompt_ids(tokenizer, long_prompt(tokenizer, n))
+        times = []
+        for _ in range(3):  # the first run warms up
+            llm.reset()
+            t = time.perf_counter()
+            next(iter(llm.generate(long_ids, temp=0, reset=True)))
+            times.append(time.perf_counter() - t)
+        out[f"ttft_{n}_s"] = statistics.median(times[1:])
+    return out
 
 
 def prepare(name: str, model_id: str) -> None:
@@ -132,7 +218,7 @@ def prepare(name: str, model_id: str) -> None:
     from core.loading import load_model
     from core.model_store import ModelStore
 
-    precision, kv, head_bits, group = PONDER_SYSTEMS[name]
+    precision, kv, head_bits, group = PONDER_SYSTEMS[DEFAULT_SYSTEM if name in VARIANTS else name]
     load_model(ModelStore().get(model_id), EngineConfig(model_id=model_id, precision=precision, kv=kv,
                                                          head_bits=head_bits, group_size=group))
 
@@ -182,7 +268,15 @@ def summarize(systems: dict) -> dict:
         "w4a16kv8_vs_llama_cpp": ratio(ours.get("decode_tok_s"), llama["decode_tok_s"]) if llama else None,
         "kv_int8_vs_bf16_bytes": ratio(ours.get("kv_bytes_per_token"),
                                        ok.get("ponder_w4_kvbf16", {}).get("kv_bytes_per_token")),
+        "parallel8_vs_1": ratio(ok.get("ponder_w4a16kv8_parallel8", {}).get("decode_tok_s"), ours.get("decode_tok_s")),
+        "reason_vs_base": ratio(ok.get("ponder_w4a16kv8_reason", {}).get("decode_tok_s"), ours.get("decode_tok_s")),
     }
+    for n in LONG_PROMPTS:
+        ratios[f"ttft_{n}_vs_llama_cpp"] = ratio(ours.get(f"ttft_{n}_s"), (llama or {}).get(f"ttft_{n}_s"))
+    for key, sizes in ours.items():
+        if key.startswith("kv_allocated_"):
+            ratios[f"kv_int8_vs_bf16_allocated_{int(key.rsplit('_', 1)[1]) // 1024}k"] = ratio(sizes["int8"],
+                                                                                              sizes["bf16"])
     return ratios
 
 
@@ -195,6 +289,12 @@ def markdown(report: dict) -> str:
         kv = f"{r['kv_bytes_per_token']:.0f}" if r.get("kv_bytes_per_token") else "—"
         rows.append(f"| {name} | {r['decode_tok_s']:.1f} | {r['ttft_s']:.3f} | {r['peak_rss_mb']:.0f} | {kv} |")
     rows.append("")
+    for name, r in report["systems"].items():
+        long = [f"{n} tokens {r[f'ttft_{n}_s']:.2f} s" for n in LONG_PROMPTS if (r or {}).get(f"ttft_{n}_s")]
+        if long:
+            rows.append(f"- {name} time to first token: " + ", ".join(long))
+        if (r or {}).get("what"):
+            rows.append(f"- {name}: {r['what']}")
     rows += [f"- `{k}`: {v}" for k, v in report["ratios"].items()]
     rows.append(f"\n{report['tokens']} new tokens, median of {report['runs']} runs, {report['threads']} threads, "
                 f"{report['machine']}, {report['date']}.")
@@ -219,26 +319,26 @@ def main(argv: list[str] | None = None) -> int:
     if args.prepare:
         prepare(args.prepare, args.model)
         return 0
-    names = ["hf_bf16", DEFAULT_SYSTEM] if args.quick else ["hf_fp32", "hf_bf16", *PONDER_SYSTEMS]
+    names = ["hf_bf16", DEFAULT_SYSTEM] if args.quick else ["hf_fp32", "hf_bf16", *PONDER_SYSTEMS, *VARIANTS]
     if args.systems:
-        unknown = set(args.systems) - {"hf_fp32", "hf_bf16", *PONDER_SYSTEMS}
+        unknown = set(args.systems) - {"hf_fp32", "hf_bf16", *PONDER_SYSTEMS, *VARIANTS, "llama_cpp"}
         if unknown:
             p.error(f"unknown systems: {', '.join(sorted(unknown))}")
-        names = args.systems
+        names = [n for n in args.systems if n != "llama_cpp"]
     for name in names:  # quantize-once happens here, so the measured processes only restore
-        if name in PONDER_SYSTEMS:
+        if name in PONDER_SYSTEMS or name in VARIANTS:
             subprocess.run([sys.executable, "-m", "bench.decode", "--prepare", name, "--model", args.model],
                            check=True, cwd=Path(__file__).resolve().parent.parent, capture_output=True)
     systems = {n: spawn(n, args) for n in names}
-    if llama_available() and not args.quick and not args.systems:
+    if llama_available() and not args.quick and (not args.systems or "llama_cpp" in args.systems):
         systems["llama_cpp"] = spawn("llama_cpp", args)
         if "error" in systems["llama_cpp"]:
             systems["llama_cpp_norepack"] = spawn("llama_cpp_norepack", args)
     import torch
 
     report = {
-        "date": time.strftime("%Y-%m-%d %H:%M"), "machine": f"{platform.processor() or platform.machine()}, "
-        f"{os.cpu_count()} CPUs", "threads": torch.get_num_threads(), "model": args.model, "tokens": args.tokens,
+        "date": time.strftime("%Y-%m-%d %H:%M"), "machine": f"{cpu_name()}, {os.cpu_count()} CPUs",
+        "threads": torch.get_num_threads(), "model": args.model, "tokens": args.tokens,
         "runs": args.runs, "prompt": PROMPT, "systems": systems, "ratios": summarize(systems),
     }
     RESULTS.mkdir(exist_ok=True)
