@@ -7,18 +7,15 @@
 from __future__ import annotations
 
 import argparse
-import json
 import time
-from pathlib import Path
 
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from bench.machine import cpu_name
+from bench.machine import cpu_name, write_results
 from core.attention import decode_attention
 from core.loading import set_threads
 
-RESULTS = Path(__file__).resolve().parent / "results"
 CONTEXTS = (64, 300, 1024, 4096, 8192)
 
 
@@ -60,16 +57,13 @@ def main(argv=None) -> int:
     threads = set_threads(None)
     rows = [measure(t) for t in CONTEXTS] + [measure(1024, rows=8)]
     summary = {"cpu": cpu_name(), "threads": threads, "torch": torch.__version__, "rows": rows}
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "attention.json").write_text(json.dumps(summary, indent=2))
     md = ["| context | rows | SDPA ms | Ponder ms | speed-up | SDPA max error | Ponder max error |",
           "|---:|---:|---:|---:|---:|---:|---:|"]
     md += [f"| {r['context']} | {r['rows']} | {r['sdpa_ms']:.3f} | {r['ponder_ms']:.3f} | {r['speedup']:.1f}× | "
            f"{r['sdpa_max_error']:.4f} | {r['ponder_max_error']:.4f} |" for r in rows]
     md += ["", f"One layer call, 14 query / 2 KV heads of 64, bf16; {summary['cpu']}, {threads} threads, "
            f"torch {torch.__version__}."]
-    (RESULTS / "attention.md").write_text("\n".join(md) + "\n")
-    print(json.dumps(summary) if args.json else "\n".join(md))
+    write_results("attention", summary, md, print_json=args.json)
     return 0
 
 

@@ -14,3 +14,16 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def write_results(stem: str, data: dict, md: list[str], print_json: bool | None = None) -> None:
+    """bench/results/<stem>.json (the data) and <stem>.md (the table lines); then prints one of them
+    (None: neither)."""
+    import json
+
+    results = Path(__file__).resolve().parent / "results"
+    results.mkdir(exist_ok=True)
+    (results / f"{stem}.json").write_text(json.dumps(data, indent=2))
+    (results / f"{stem}.md").write_text("\n".join(md) + "\n")
+    if print_json is not None:
+        print(json.dumps(data) if print_json else "\n".join(md))

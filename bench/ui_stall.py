@@ -24,6 +24,8 @@ import time
 import traceback
 from pathlib import Path
 
+from bench.machine import write_results
+
 RESULTS = Path(__file__).resolve().parent / "results"
 probe_traces: dict[str, list] = {}  # case → the watchdog's stack snapshots of its late ticks (with --trace)
 TICK_S = 0.005
@@ -290,16 +292,13 @@ def main(argv=None) -> int:
     worst = max(v["max_stall_ms"] for k, v in results.items() if "max_stall_ms" in v)
     summary = {"cases": results, "worst_stall_ms": worst, "target_ms": 100, "met": worst < 100,
                "stop_latency_ms": results["stop"]["stop_latency_ms"], "cpu_count": os.cpu_count()}
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "ui_stall.json").write_text(json.dumps(summary, indent=2))
     md = ["| case | max stall ms | p99 ms | median ms | tokens | seconds | None refs lost |",
           "|---|---:|---:|---:|---:|---:|---:|"]
     md += [f"| {k} | {v['max_stall_ms']:.1f} | {v['p99_stall_ms']:.1f} | {v['median_stall_ms']:.2f} | {v['tokens']} | "
            f"{v['seconds']:.1f} | {v.get('none_refs_lost', 0)} |" for k, v in results.items() if "max_stall_ms" in v]
     md += ["", f"Stop → answer ended: {summary['stop_latency_ms']:.0f} ms. Worst stall {worst:.1f} ms "
            f"(target < 100 ms: {'met' if summary['met'] else 'not met'})."]
-    (RESULTS / "ui_stall.md").write_text("\n".join(md) + "\n")
-    print(json.dumps(summary) if args.json else "\n".join(md))
+    write_results("ui_stall", summary, md, print_json=args.json)
     return 0
 
 

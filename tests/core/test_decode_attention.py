@@ -69,12 +69,18 @@ def test_the_engine_decodes_with_it_and_the_logits_match_sdpa(kv):
     torch.testing.assert_close(run(NAME), run("sdpa"), atol=3e-2, rtol=3e-2)
 
 
-def test_base_by_flag_equals_peft_disable_adapter_and_restores():
+def random_lora_model():
+    """The tiny model with a rank-4 LoRA whose weights are random (peft's start, B = 0, would change nothing)."""
     model = adapters.attach_new(make_model(448), rank=4)
     with torch.no_grad():
         for p in model.parameters():
             if p.requires_grad:
                 torch.nn.init.normal_(p, std=0.3)
+    return model
+
+
+def test_base_by_flag_equals_peft_disable_adapter_and_restores():
+    model = random_lora_model()
     engine = Engine(model, make_tokenizer(), model_id="tiny", context=256, adapter_name="reasoning")
     ids = torch.randint(5, 400, (1, 6))
     with torch.inference_mode():
@@ -92,11 +98,7 @@ def test_base_by_flag_equals_peft_disable_adapter_and_restores():
 def test_the_fast_lora_path_computes_what_peft_computes():
     from peft.tuners.lora.layer import Linear
 
-    model = adapters.attach_new(make_model(448), rank=4)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.requires_grad:
-                torch.nn.init.normal_(p, std=0.3)
+    model = random_lora_model()
     model.eval()
     ids = torch.randint(5, 400, (2, 6))
     with torch.inference_mode():

@@ -227,15 +227,20 @@ def test_an_alternative_streams_below_the_shown_reply_and_takes_its_place_when_d
     assert "Old answer" not in view.toPlainText() and "‹ 2/2 ›" in view.toPlainText()
 
 
-def test_a_long_answer_streams_in_frozen_chunks_and_finishes_without_a_rebuild(qtbot):
-    part = "Merge sort runs in $O(n \\log n)$.\n\n```python\nif a < b:\n    a = b\n```\n\nThen we compare.\n\n"
+def stream_long(qtbot, part: str, times: int):
+    """A view whose second card streamed `part` `times` times; (view, live reply, card)."""
     view = view_with(qtbot, [msg(1, "user", "Sorting?"), msg(2, "assistant", "", status="streaming")],
                      LiveReply(conversation_id="c1", message_id=2), busy=True)
     live = LiveReply(conversation_id="c1", message_id=2)
-    card = view.card(2)
-    for _ in range(60):
+    for _ in range(times):
         live.answer += part
         view.update_live(live)
+    return view, live, view.card(2)
+
+
+def test_a_long_answer_streams_in_frozen_chunks_and_finishes_without_a_rebuild(qtbot):
+    part = "Merge sort runs in $O(n \\log n)$.\n\n```python\nif a < b:\n    a = b\n```\n\nThen we compare.\n\n"
+    view, live, card = stream_long(qtbot, part, 60)
     assert len(card.chunks) >= 3 and all(c.images for c in card.chunks)  # math in each frozen chunk
     assert max(len(card.content.toPlainText()), 1) < 3000  # only the tail is redrawn per tick
     revisions = [c.revision for c in card.chunks]
@@ -255,13 +260,7 @@ def test_a_long_answer_streams_in_frozen_chunks_and_finishes_without_a_rebuild(q
 
 def test_a_long_answer_that_ends_with_nothing_selected_becomes_one_selectable_document(qtbot):
     part = "Quick sort picks a pivot and splits the list around it, $O(n \\log n)$ on average.\n\n"
-    view = view_with(qtbot, [msg(1, "user", "Sorting?"), msg(2, "assistant", "", status="streaming")],
-                     LiveReply(conversation_id="c1", message_id=2), busy=True)
-    live = LiveReply(conversation_id="c1", message_id=2)
-    card = view.card(2)
-    for _ in range(80):
-        live.answer += part
-        view.update_live(live)
+    view, live, card = stream_long(qtbot, part, 80)
     assert len(card.chunks) >= 2
     view.render([msg(1, "user", "Sorting?"), msg(2, "assistant", live.answer)], None)
     assert not card.chunks and card.content.toPlainText().count("Quick sort picks") == 80
