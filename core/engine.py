@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import adapters
+from . import adapters, lean_layers
 from .adapter_slots import AdapterChoice, AdapterSlots, Loaded
 from .attention import use_decode_attention
 from .cache import cache_bytes, crop, fork, new_cache
@@ -64,6 +64,7 @@ class Engine(AdapterChoice):
     def __init__(self, model, tokenizer, *, model_id: str, precision: str = "bf16", kv: str = "bf16",
                  context: int = 8192, router=None, adapter_name: str | None = None):
         use_decode_attention(model)
+        lean_layers.install(model)
         self.slots = AdapterSlots(model.eval(), adapter_name if adapters.is_adapted(model) else None)
         self.base_fingerprint: str | None = None
         """The base weights' fingerprint (set by the loader): adapters trained on other weights are refused."""

@@ -112,3 +112,37 @@ def test_the_fast_lora_path_computes_what_peft_computes():
     torch.testing.assert_close(out, peft_out)
     out.sum().backward()
     assert any(p.grad is not None for p in engine.model.parameters() if p.requires_grad)
+
+
+@pytest.mark.parametrize("kv", ["bf16", "int8"])
+def test_lean_decoder_layers_give_transformers_logits_and_hidden_states(kv):
+    from core import lean_layers
+
+    model = random_lora_model().to(torch.bfloat16).eval()
+    Engine(model, make_tokenizer(), model_id="tiny", context=256, adapter_name="reasoning")
+    layers = [m for m in model.modules() if "_hf_forward" in m.__dict__]
+    assert layers, "the engine installs the lean layers"
+    ids = torch.randint(5, 400, (2, 7))
+    ids[1, :2] = 0
+    mask = torch.ones(2, 8, dtype=torch.long)
+    mask[1, :2] = 0
+
+    def step():
+        cache = new_cache(model.config, kv)
+        with torch.inference_mode():
+            model(input_ids=ids, attention_mask=mask[:, :7], cache=cache, use_cache=True)
+            out = model(input_ids=torch.tensor([[9], [11]]), attention_mask=mask, cache=cache, use_cache=True,
+                        output_hidden_states=True)
+        return out.logits[:, -1].float(), out.hidden_states[-1][:, -1].float()
+
+    lean = step()
+    for layer in layers:  # transformers' own forward
+        layer.forward = layer._hf_forward
+    try:
+        hf = step()
+    finally:
+        for layer in layers:
+            del layer.__dict__["forward"], layer.__dict__["_hf_forward"]
+        assert lean_layers.install(model) == len(layers)
+    torch.testing.assert_close(lean[0], hf[0], atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(lean[1], hf[1], atol=2e-2, rtol=2e-2)

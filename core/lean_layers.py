@@ -1,0 +1,56 @@
+"""One-token decode steps through a Qwen2 decoder layer in one function.
+
+transformers' `Qwen2DecoderLayer` runs a decode step through eleven module calls (attention, MLP, two RMSNorms,
+seven linears), two deprecation wrappers and an attention-function lookup, and its RMSNorm is eight small ops.
+`install(model)` gives each decoder layer a forward that, for one query token per row with no gradient, does
+the same computation directly: RMSNorm as torch's fused `rms_norm` on float32 (HF's formula), the projections'
+own forwards (quantized kernels, LoRA fast path), transformers' rotary function, the cache's `update` and
+`core.attention.decode_attention`. Prompts, training and anything unusual take transformers' forward. The
+layer module itself is still called, so its hooks (hidden-state capture for the verifier) still run.
+"""
+from __future__ import annotations
+
+import types
+
+import torch
+from torch.nn import functional as F
+from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer, apply_rotary_pos_emb
+
+from .attention import decode_attention
+
+
+def rms_norm(x: torch.Tensor, norm) -> torch.Tensor:
+    """Qwen2RMSNorm's result: normalised in float32, cast back, times the weight."""
+    return norm.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=norm.variance_epsilon).to(x.dtype)
+
+
+def _lean_forward(self, hidden_states: torch.Tensor, attention_mask=None, position_ids=None, cache=None,
+                  use_cache=False, position_embeddings=None, **kwargs) -> torch.Tensor:
+    if (hidden_states.shape[1] != 1 or cache is None or position_embeddings is None or torch.is_grad_enabled()
+            or self.training or kwargs.get("output_attentions")):
+        return self._hf_forward(hidden_states, attention_mask=attention_mask, position_ids=position_ids,
+                                cache=cache, use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
+    attn, mlp = self.self_attn, self.mlp
+    rows, dim = hidden_states.shape[0], attn.head_dim
+    x = rms_norm(hidden_states, self.input_layernorm)
+    q = attn.q_proj.forward(x).view(rows, 1, -1, dim).transpose(1, 2)
+    k = attn.k_proj.forward(x).view(rows, 1, -1, dim).transpose(1, 2)
+    v = attn.v_proj.forward(x).view(rows, 1, -1, dim).transpose(1, 2)
+    cos, sin = position_embeddings
+    q, k = apply_rotary_pos_emb(q, k, cos, sin)
+    k, v = cache.update(k, v, attn.layer_idx)
+    out, _ = decode_attention(attn, q, k, v, attention_mask, scaling=attn.scaling)
+    hidden_states = hidden_states + attn.o_proj.forward(out.reshape(rows, 1, -1))
+    x = rms_norm(hidden_states, self.post_attention_layernorm)
+    return hidden_states + mlp.down_proj.forward(mlp.act_fn(mlp.gate_proj.forward(x)) * mlp.up_proj.forward(x))
+
+
+def install(model) -> int:
+    """Give every Qwen2 decoder layer of `model` the lean decode forward (once); return how many."""
+    count = 0
+    for module in model.modules():
+        if type(module) is Qwen2DecoderLayer and "_hf_forward" not in module.__dict__:
+            module._hf_forward = module.forward
+            module.forward = types.MethodType(_lean_forward, module)
+            count += 1
+    return count
