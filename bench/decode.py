@@ -30,6 +30,7 @@ PONDER_SYSTEMS = {  # name: (precision, kv, head_bits, int4 group size)
     "ponder_w4a16kv8_g32": ("w4", "int8", 4, 32),
 }
 DEFAULT_SYSTEM = "ponder_w4a16kv8"
+DEFAULT_MODEL = "qwen2.5-coder-0.5b-instruct"
 VARIANTS = {  # the default system run another way: name → what it measures
     "ponder_w4a16kv8_reason": "decode under the reasoning adapter (Reason mode's thinking tokens)",
     "ponder_w4a16kv8_parallel8": "8 answers from one prefill, aggregate tokens/s",
@@ -307,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prepare", default=None, help=argparse.SUPPRESS)
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--model", default="qwen2.5-coder-0.5b-instruct")
+    p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--json", action="store_true")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--systems", nargs="+", default=None, metavar="NAME",
@@ -343,6 +344,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     RESULTS.mkdir(exist_ok=True)
     stem = "decode_subset" if args.systems else "decode"
+    if args.model != DEFAULT_MODEL:  # another model's results sit beside the default's (decode_subset_<model>)
+        stem += "_" + args.model
     (RESULTS / f"{stem}.json").write_text(json.dumps(report, indent=2))
     (RESULTS / f"{stem}.md").write_text(markdown(report))
     print(json.dumps(report) if args.json else markdown(report))
