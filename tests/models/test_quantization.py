@@ -41,6 +41,22 @@ def test_fast_kernel_equals_quanto_forward():
     assert install_fast_kernels(q) == 0  # already installed: idempotent
 
 
+def test_long_prompts_run_on_the_unpacked_weight_it_equals_the_kernels_own(monkeypatch):
+    from models import quantization
+
+    q = quantize_model(make_model(448), 4, head_bits=4)
+    layer = q.model.layers[0].mlp.down_proj  # 256 inputs: packed int4
+    assert layer.out_features % 64 == 0  # whole blocks of 64 output rows: the unpacked path applies
+    assert quantization.unpack_matches_kernel()  # the packing read right on this CPU
+    assert torch.equal(quantization.unpack_int4(layer).t(), quantization.dense_weight(layer))
+    x = torch.randn(quantization.PREFILL_ROWS, 256, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        unpacked = layer(x)  # as many rows as a long prompt: one bf16 GEMM
+        monkeypatch.setattr(quantization, "PREFILL_ROWS", 1 << 30)
+        packed = layer(x)
+    torch.testing.assert_close(unpacked.float(), packed.float(), atol=2e-2, rtol=2e-2)
+
+
 def test_quantized_once_then_restored(tiny_store):
     m = tiny_store.get("tiny-qwen2")
     cfg = EngineConfig(model_id="tiny-qwen2", precision="w4", kv="int8")
