@@ -7,12 +7,11 @@
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from bench.machine import cpu_name, write_results
+from bench.machine import cpu_name, per_call_s, write_results
 from core.attention import decode_attention
 from core.loading import set_threads
 
@@ -24,15 +23,7 @@ class Layer(torch.nn.Module):
     is_causal = True
 
 
-def per_call_ms(fn, repeat: int) -> float:
-    fn()
-    start = time.perf_counter()
-    for _ in range(repeat):
-        fn()
-    return 1000 * (time.perf_counter() - start) / repeat
-
-
-def measure(context: int, rows: int = 1, repeat: int = 40) -> dict:
+def measure(context: int, rows: int = 1) -> dict:
     torch.manual_seed(0)
     q = (torch.randn(rows, 14, 1, 64) * 3).to(torch.bfloat16)
     k = (torch.randn(rows, 2, context, 64) * 3).to(torch.bfloat16)
@@ -44,7 +35,7 @@ def measure(context: int, rows: int = 1, repeat: int = 40) -> dict:
         def call(fn=fn):
             return fn(layer, q, k, v, None, scaling=0.125)[0]
         with torch.inference_mode():
-            out[f"{name}_ms"] = per_call_ms(call, repeat)
+            out[f"{name}_ms"] = 1000 * per_call_s(call)
             out[f"{name}_max_error"] = (call().double() - ref).abs().max().item()
     out["speedup"] = out["sdpa_ms"] / out["ponder_ms"]
     return out

@@ -9,11 +9,10 @@ comes from per-step overhead that does not grow with the rows — the overhead t
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 
-from bench.machine import cpu_name, write_results
+from bench.machine import cpu_name, per_call_s, write_results
 from core.loading import set_threads
 
 SHAPES = {  # name: (out_features, in_features, calls per decode step of the 0.5B)
@@ -26,13 +25,8 @@ SHAPES = {  # name: (out_features, in_features, calls per decode step of the 0.5
 ROWS = (1, 2, 4, 8)
 
 
-def per_call_us(fn, seconds: float = 0.3) -> float:
-    fn()
-    calls, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        fn()
-        calls += 1
-    return 1e6 * (time.perf_counter() - start) / calls
+def per_call_us(fn) -> float:
+    return 1e6 * per_call_s(fn)
 
 
 def kernels(out_f: int, in_f: int) -> dict:

@@ -16,6 +16,18 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def per_call_s(fn, seconds: float = 0.3) -> float:
+    """Seconds one call of `fn` takes: one warm-up call, then as many as fit in `seconds`."""
+    import time
+
+    fn()
+    calls, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        fn()
+        calls += 1
+    return (time.perf_counter() - start) / calls
+
+
 def write_results(stem: str, data: dict, md: list[str], print_json: bool | None = None) -> None:
     """bench/results/<stem>.json (the data) and <stem>.md (the table lines); then prints one of them
     (None: neither)."""

@@ -69,6 +69,9 @@ class AdapterSlots:
         self.skills: dict[str, Loaded] = {}
         self._count = 0
         self._layers: list = []
+        """The LoRA layers (none until an adapter is loaded: then the base model is the model itself)."""
+        self._peft_base = False
+        """Adapters with extra trained modules: the base model only through peft's `disable_adapter()`."""
         if reasoning_name is not None and adapters.is_adapted(model):  # the adapter the model came with
             self.reasoning = Loaded(model.active_adapter, reasoning_name)
             self._loaded[self.reasoning.peft_name] = self.reasoning
@@ -146,6 +149,8 @@ class AdapterSlots:
 
         self._layers = [m for m in self.model.modules() if isinstance(m, BaseTunerLayer)]
         lora_fast.install(self._layers)
+        config = getattr(self.model, "peft_config", {})
+        self._peft_base = any(getattr(c, "modules_to_save", None) for c in config.values())
 
     @contextlib.contextmanager
     def using(self, item: Loaded | None):
@@ -156,8 +161,7 @@ class AdapterSlots:
         `disable_adapter()` walks every module of the model and resets requires_grad on the way, ~29 ms a call
         on the 0.5B (more than the step itself). Adapters with extra trained modules take peft's own path."""
         if item is None:
-            config = getattr(self.model, "peft_config", {})
-            if not adapters.is_adapted(self.model) or any(getattr(c, "modules_to_save", None) for c in config.values()):
+            if self._peft_base:
                 with adapters.base(self.model):
                     yield
                 return
