@@ -10,11 +10,12 @@ import math
 import signal
 import sys
 import threading
+import time
 from dataclasses import replace
 
 from core.config import KV_FORMATS, EngineConfig, SamplingConfig
 from models.errors import InvalidModelId, ModelError
-from models.quantization import PRECISIONS
+from models.quantization import GROUP_SIZE, GROUP_SIZES, PRECISIONS
 from models.registry import DEFAULT_MODEL_ID, KNOWN_MODELS
 
 MODES = ("auto", "reason", "base")
@@ -93,7 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("--seed", type=int, default=None, help="seed for repeatable sampling")
     ask.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     ask.add_argument("--system", default=None, help="system prompt (default: Ponder's)")
-    ask.add_argument("--precision", choices=PRECISIONS, default="w4", help="weights: fp32, bf16, w8, w4 (default)")
+    ask.add_argument("--precision", choices=PRECISIONS, default=EngineConfig().precision,
+                     help=f"weights: fp32, bf16, w8, w4, w4-fpt (default {EngineConfig().precision})")
     ask.add_argument("--kv", choices=KV_FORMATS, default="int8", help="KV cache: bf16 or int8 (default)")
     ask.add_argument("--head-bits", type=int, choices=(4, 8), default=4, help="LM head bits for w4/w8 (default 4)")
     ask.add_argument("--group-size", type=int, choices=(32, 64, 128, 256), default=128,
@@ -122,7 +124,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     setup = sub.add_parser("setup", help="install the embedded default model and prepare its W4 weights")
     setup.add_argument("--model", default=DEFAULT_MODEL_ID)
-    setup.add_argument("--precision", choices=PRECISIONS, default="w4")
+    setup.add_argument("--precision", choices=PRECISIONS, default=EngineConfig().precision)
+
+    quant = sub.add_parser("quantize", help="quantize an installed model once: W4, W4 after the FPTQuant° transforms, W8")
+    quant.add_argument("--model", default=DEFAULT_MODEL_ID)
+    quant.add_argument("--method", choices=("w4", "w4-fpt", "w8"), default="w4-fpt",
+                       help="w4-fpt: calibrate and merge function-preserving transforms first (default)")
+    quant.add_argument("--group", type=int, choices=GROUP_SIZES, default=GROUP_SIZE, help="int4 group size")
+    quant.add_argument("--head-bits", type=int, choices=(4, 8), default=4, help="bits of the LM head")
+    quant.add_argument("--force", action="store_true", help="quantize again even when the folder exists")
 
     train = sub.add_parser("train", help="train adapters and heads (sft: reasoning LoRA adapter)")
     tsub = train.add_subparsers(dest="train_command", metavar="WHAT")
@@ -136,6 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="benchmarks")
     bsub = bench.add_subparsers(dest="bench_command", metavar="BENCH")
+    bsub.add_parser("quant", help="quantization fidelity, accuracy and speed per weight/KV format "
+                                  "(`ponder bench quant --help`)", add_help=False)
     dec = bsub.add_parser("decode", help="decode speed, TTFT, memory: HF baselines vs Ponder vs llama.cpp")
     dec.add_argument("--json", action="store_true", help="print one JSON object")
     dec.add_argument("--tokens", type=whole(1), default=128)
@@ -328,6 +340,28 @@ def cmd_setup(args) -> int:
     return 0
 
 
+def cmd_quantize(args) -> int:
+    """Quantize once into the model's folder (written aside and swapped in whole: a running app keeps the old one)."""
+    from core.loading import load_model, quantized_dir
+    from core.model_store import ModelStore
+
+    from .progress import TerminalProgress
+
+    installed = ModelStore().get(args.model)
+    cfg = EngineConfig(model_id=args.model, precision=args.method, head_bits=args.head_bits, group_size=args.group)
+    bar = TerminalProgress()
+    start = time.perf_counter()
+    try:
+        load_model(installed, cfg, bar, rebuild=args.force)
+    finally:
+        bar.close()
+    folder = quantized_dir(installed, args.method, args.head_bits, args.group)
+    size = sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
+    print(f"{installed.display_name}: {args.method}, group {args.group}, head {args.head_bits}-bit in {folder} "
+          f"({size / 2**20:.0f} MB, {time.perf_counter() - start:.0f} s)")
+    return 0
+
+
 def cmd_bench(args) -> int:
     if args.bench_command != "decode":
         print("ponder bench: choose a benchmark: decode", file=sys.stderr)
@@ -399,6 +433,10 @@ def cmd_train(argv: list[str]) -> int:
 
 def run_cli(argv: list[str]) -> int:
     parser = build_parser()
+    if argv[:2] == ["bench", "quant"]:  # owns its flags (also `python -m bench.quant`)
+        from bench.quant import main as bench_quant
+
+        return bench_quant(argv[2:])
     if argv and argv[0] in ("train", "eval"):  # these own their flags (also `python -m core.training` etc.)
         try:
             if argv[0] == "eval":
@@ -419,7 +457,7 @@ def run_cli(argv: list[str]) -> int:
     from .adapters_cli import cmd_adapters
 
     handlers = {"ask": cmd_ask, "models": cmd_models, "setup": cmd_setup, "bench": cmd_bench, "serve": cmd_serve,
-                "adapters": cmd_adapters}
+                "adapters": cmd_adapters, "quantize": cmd_quantize}
     try:
         return handlers[args.command](args)
     except InvalidModelId as err:  # a usage error, like any other bad value

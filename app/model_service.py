@@ -10,6 +10,8 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, Signal
 
+from core.config import EngineConfig
+from core.loading import PRECISION_DETAILS, PRECISION_LABELS, weights_status
 from models.errors import ModelError
 from models.registry import KNOWN_MODELS
 
@@ -29,6 +31,9 @@ class ModelRow:
     blurb: str
     installable: bool
     """Not installed yet but shipped as data packages (installs without the hub)."""
+    weights: str = ""
+    """The quantized weights Ponder runs this model on, and whether they are prepared yet."""
+    weights_detail: str = ""
 
 
 class ModelService(QObject):
@@ -59,12 +64,15 @@ class ModelService(QObject):
         rows, seen = [], set()
         for m in self.store.list():
             seen.add(m.id)
+            weights, detail = weights_status(m, EngineConfig(model_id=m.id))
             rows.append(ModelRow(m.id, m.display_name, True, m.id == self.active_id, m.disk_bytes,
-                                 m.spec.memory_estimate("w4", "int8", 4096), m.source, m.spec.blurb, False))
+                                 m.spec.memory_estimate("w4", "int8", 4096), m.source, m.spec.blurb, False,
+                                 weights, detail))
         for spec in KNOWN_MODELS.values():
             if spec.id not in seen and spec.wheel_packages:
                 rows.append(ModelRow(spec.id, spec.display_name, False, False, 0, spec.memory_estimate("w4", "int8", 4096),
-                                     "data packages (PyPI)", spec.blurb, True))
+                                     "data packages (PyPI)", spec.blurb, True, PRECISION_LABELS[EngineConfig().precision],
+                                     PRECISION_DETAILS[EngineConfig().precision]))
         return rows
 
     async def _run(self, what: str, fn, *args) -> bool:

@@ -28,6 +28,7 @@ PONDER_SYSTEMS = {  # name: (precision, kv, head_bits, int4 group size)
     "ponder_w4_kvbf16": ("w4", "bf16", 4, 128),
     "ponder_w4a16kv8": ("w4", "int8", 4, 128),
     "ponder_w4a16kv8_g32": ("w4", "int8", 4, 32),
+    "ponder_w4fpt_a16kv8": ("w4-fpt", "int8", 4, 128),
 }
 DEFAULT_SYSTEM = "ponder_w4a16kv8"
 DEFAULT_MODEL = "qwen2.5-coder-0.5b-instruct"

@@ -15,6 +15,8 @@ from pathlib import Path
 
 from torch import nn
 
+from models.fpt import fpt_of, transform_lora_state
+
 ADAPTER_NAME = "reason"
 META_FILE = "ponder_adapter.json"
 
@@ -41,6 +43,8 @@ def load_adapter(model: nn.Module, folder: Path, trainable: bool = False):
     if not (folder / "adapter_model.safetensors").is_file():
         raise FileNotFoundError(f"{folder} holds no adapter_model.safetensors")
     peft_model = PeftModel.from_pretrained(model, str(folder), adapter_name=ADAPTER_NAME, is_trainable=trainable)
+    if fpt_of(model) is not None:  # saved in the original basis: move the factors into the transformed one
+        copy_adapter_weights(peft_model, folder, ADAPTER_NAME)
     if not trainable:
         peft_model.eval()
     return peft_model
@@ -66,6 +70,9 @@ def copy_adapter_weights(model: nn.Module, folder: Path, adapter_name: str) -> N
     from safetensors.torch import load_file
 
     saved = load_file(str(Path(folder) / "adapter_model.safetensors"))
+    spec = fpt_of(model)
+    if spec is not None:  # adapters are saved in the original basis (see save_adapter)
+        saved = transform_lora_state(saved, spec, model.config)
     params = {n: p for n, p in model.named_parameters() if f".{adapter_name}" in n and "lora_" in n}
     filled = set()
     with torch.no_grad():
@@ -129,7 +136,11 @@ def save_adapter(model: nn.Module, folder: Path, meta: dict) -> None:
         import torch
         from safetensors.torch import load_file, save_file
 
-        state = {k: v.to(torch.bfloat16) for k, v in load_file(str(weights)).items()}
+        state = load_file(str(weights))
+        spec = fpt_of(model)
+        if spec is not None:  # trained on a transformed base: saved in the original basis, loadable on any base
+            state = transform_lora_state(state, spec, model.config, inverse=True)
+        state = {k: v.to(torch.bfloat16) for k, v in state.items()}
         save_file(state, str(weights), metadata={"format": "pt"})
     (folder / META_FILE).write_text(json.dumps(meta, indent=2))
 

@@ -55,7 +55,9 @@ class EngineConfig:
     model_id: str = DEFAULT_MODEL_ID
     """Store name of the model (see `ponder models`)."""
     precision: str = "w4"
-    """Weights: fp32, bf16, w8 (int8) or w4 (int4, group 128); activations are bf16 except fp32."""
+    """Weights: fp32, bf16, w8 (int8), w4 (int4, group 128, rounded to nearest) or w4-fpt (int4 after the
+    FPTQuant° transforms and GPTQ rounding: same size and kernels as w4, closer to bf16); activations are bf16
+    except fp32."""
     kv: str = "int8"
     """KV cache: bf16, or int8 with one scale per token and head."""
     head_bits: int = 4

@@ -11,9 +11,11 @@ from pathlib import Path
 
 import torch
 
+from models.quantization import GROUP_SIZE, GROUP_SIZES, PRECISIONS
+
 from .cache import new_cache
 from .chat_format import DEFAULT_SYSTEM
-from .config import EngineConfig, SamplingConfig
+from .config import KV_FORMATS, EngineConfig, SamplingConfig
 from .datasets import load_items
 from .decode import prefill
 from .events import DoneEvent
@@ -107,7 +109,8 @@ def summarize(engine, rows: list[dict], args, batch: int) -> dict:
            "mean_latency_s": mean("latency_s"), "mean_ttft_s": mean("ttft_s"), "reasoned_share": mean("reasoned"),
            "mode": args.mode, "budget": args.budget, "parallel": args.parallel, "vote": args.vote,
            "temperature": args.temperature, "data": str(args.data), "model": engine.model_id,
-           "system": args.system, "batch": batch}
+           "system": args.system, "batch": batch, "precision": engine.precision, "kv": engine.kv,
+           "group_size": getattr(args, "group_size", None)}
     if batch > 1:  # one prefill serves the whole batch: per-question TTFT is not measured
         out["mean_ttft_s"] = None
     if args.parallel > 1 and rows:
@@ -156,6 +159,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=None, help="default: 0 for one stream, 0.7 for parallel")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model", default=EngineConfig().model_id)
+    p.add_argument("--precision", choices=PRECISIONS, default=EngineConfig().precision, help="weights (default: the app's)")
+    p.add_argument("--kv", choices=KV_FORMATS, default=EngineConfig().kv, help="KV cache format")
+    p.add_argument("--group-size", type=int, choices=GROUP_SIZES, default=GROUP_SIZE, help="int4 group size")
+    p.add_argument("--head-bits", type=int, choices=(4, 8), default=4, help="bits of the quantized LM head")
     p.add_argument("--system", default=None, help="system prompt (default: Ponder's); e.g. ask base mode for \\boxed{}")
     p.add_argument("--route-only", action="store_true", help="prefill + switcher only")
     p.add_argument("--expect", choices=("reason", "base"), help="with --route-only: the right decision for the file")
@@ -172,7 +179,8 @@ def main(argv=None) -> int:
     if args.temperature is None:
         args.temperature = 0.0 if args.parallel == 1 else 0.7
     items = load_items(args.data, args.limit, args.offset)
-    engine = load_engine(EngineConfig(model_id=args.model), reasoning=True)
+    engine = load_engine(EngineConfig(model_id=args.model, precision=args.precision, kv=args.kv,
+                                      group_size=args.group_size, head_bits=args.head_bits), reasoning=True)
     if args.route_only:
         if not args.expect:
             raise ValueError("--route-only needs --expect reason|base")

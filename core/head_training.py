@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from models.fpt import fpt_of
 from models.heads import SwitcherHead, VerifierHead, chunk_ema, save_head
 
 from .cache import new_cache
@@ -32,7 +33,16 @@ def switcher_features(engine, prompts: list[str], budget: int = 256, chunk: int 
         with engine._base():
             _, hidden = prefill(engine.model, torch.tensor([ids]), cache, want_hidden=True)
         feats.append(chunk_ema(hidden[0], chunk, alpha))
-    return torch.stack(feats)
+    return original_basis(engine.model, torch.stack(feats))
+
+
+def original_basis(model, x: torch.Tensor) -> torch.Tensor:
+    """Final hidden states of a transformed (w4-fpt) model as the untransformed model has them (x·Fᵀ), so heads are
+    trained and saved in one basis whatever precision they were trained on; loading moves them (models/fpt.py)."""
+    spec = fpt_of(model)
+    if spec is None or spec.rotation is None:
+        return x
+    return x.float() @ (spec.gamma_final[:, None] * spec.rotation).t()
 
 
 def fit_head(head, x: torch.Tensor, y: torch.Tensor, *, epochs: int, lr: float, noise: float = 0.0,
@@ -138,7 +148,7 @@ def verifier_data(engine, items: list[Item], *, samples: int = 4, budget: int = 
             report(f"{k + 1}/{len(items)} questions, {int(sum(labels))}/{len(labels)} correct so far")
     finally:
         engine.verifier = saved
-    return torch.stack(feats), torch.tensor(labels), torch.tensor(groups)
+    return original_basis(engine.model, torch.stack(feats)), torch.tensor(labels), torch.tensor(groups)
 
 
 WEIGHT_DECAYS = (0.1, 1.0, 10.0, 30.0, 100.0)

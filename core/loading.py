@@ -15,6 +15,8 @@ import torch
 
 from models.convert import AtomicDir
 from models.errors import CorruptModelFile
+from models.fpt import fpt_of, transform_head
+from models.fpt_calibration import quantize_w4_fpt
 from models.quantization import GROUP_SIZE, load_quantized, quant_info, quantize_model, save_quantized
 
 from . import adapters
@@ -55,30 +57,71 @@ def load_plain(hf_dir: Path, dtype: torch.dtype):
 
 
 def quantized_dir(model: InstalledModel, precision: str, head_bits: int, group_size: int = GROUP_SIZE) -> Path:
-    """w4-h4, w8-h8, …; an int4 group size other than the default is part of the name (w4-h4-g32)."""
-    suffix = f"-g{group_size}" if precision == "w4" and group_size != GROUP_SIZE else ""
+    """w4-h4, w8-h8, w4-fpt-h4, …; an int4 group size other than the default is part of the name (w4-h4-g32)."""
+    suffix = f"-g{group_size}" if precision.startswith("w4") and group_size != GROUP_SIZE else ""
     return model.folder / f"{precision}-h{head_bits}{suffix}"
 
 
-def load_model(model: InstalledModel, cfg: EngineConfig, progress: Progress | None = None):
-    """The torch model for `cfg.precision`, quantizing and saving it the first time."""
+PRECISION_LABELS = {"fp32": "fp32", "bf16": "bf16", "w8": "W8", "w4": "W4", "w4-fpt": "W4-FPT"}
+PRECISION_DETAILS = {
+    "fp32": "full precision", "bf16": "16-bit weights, no quantization",
+    "w8": "int8 weights, one scale per output channel",
+    "w4": "int4 weights rounded to nearest (one scale and zero point per group of inputs)",
+    "w4-fpt": "int4 weights after function-preserving transforms (FPTQuant°) and error-compensating (GPTQ) "
+              "rounding: closer to bf16 than plain W4 at the same size and speed (bench/results/quant_*.md)",
+}
+
+
+def weights_status(model: InstalledModel, cfg: EngineConfig) -> tuple[str, str]:
+    """(short label, one-line detail) of the weights `cfg` runs `model` on, and whether they are prepared."""
+    label = PRECISION_LABELS[cfg.precision]
+    if cfg.precision.startswith("w") and cfg.group_size != GROUP_SIZE:
+        label += f" g{cfg.group_size}"
+    detail = PRECISION_DETAILS[cfg.precision]
+    if cfg.precision.startswith("w") and quant_info(quantized_dir(model, cfg.precision, cfg.head_bits,
+                                                                  cfg.group_size)) is None:
+        return f"{label} (prepared at first use)", detail + "; quantized once when the model is first loaded"
+    return label, detail
+
+
+def load_model(model: InstalledModel, cfg: EngineConfig, progress: Progress | None = None, rebuild: bool = False):
+    """The torch model for `cfg.precision`, quantizing and saving it the first time (or again with `rebuild`)."""
     if cfg.precision in ("fp32", "bf16"):
         return load_plain(model.hf_dir, torch.float32 if cfg.precision == "fp32" else torch.bfloat16)
-    bits = 4 if cfg.precision == "w4" else 8
+    bits = 8 if cfg.precision == "w8" else 4
     qdir = quantized_dir(model, cfg.precision, cfg.head_bits, cfg.group_size)
-    if quant_info(qdir) is not None:
+    if quant_info(qdir) is not None and not rebuild:
         try:
             return load_quantized(qdir)
         except Exception as err:  # a damaged cache is rebuilt from the bf16 weights, never fatal
             log.warning("quantized cache %s unreadable (%s); re-quantizing", qdir, err)
     if progress:
         progress("quantize", 0, 1)
-    qmodel = quantize_model(load_plain(model.hf_dir, torch.bfloat16), bits, cfg.head_bits, cfg.group_size)
+    plain = load_plain(model.hf_dir, torch.bfloat16)
+    if cfg.precision == "w4-fpt":
+        qmodel = quantize_w4_fpt(plain, calibration_batches(model.hf_dir), cfg.head_bits, cfg.group_size)
+    else:
+        qmodel = quantize_model(plain, bits, cfg.head_bits, cfg.group_size)
     with AtomicDir(qdir) as tmp:
         save_quantized(qmodel, tmp, bits, cfg.head_bits, cfg.group_size)
     if progress:
         progress("quantize", 1, 1)
     return qmodel
+
+
+CALIBRATION_FILE = "fpt_calibration.jsonl"
+CALIBRATION_TOKENS = 512
+
+
+def calibration_batches(hf_dir: Path) -> list[torch.Tensor]:
+    """Token ids of the shipped calibration texts (GSM8K and MATH *train* problems with their solutions, MIT),
+    each cut at CALIBRATION_TOKENS: what the FPTQuant° scales are fitted on."""
+    import json
+
+    tokenizer = load_tokenizer(hf_dir)
+    lines = (resource_dir() / "calibration" / CALIBRATION_FILE).read_text().splitlines()
+    texts = [json.loads(line)["text"] for line in lines if line.strip()]
+    return [torch.tensor(tokenizer(t)["input_ids"][:CALIBRATION_TOKENS]) for t in texts]
 
 
 def component_dirs(installed: InstalledModel, kind: str) -> list[Path]:
@@ -163,5 +206,9 @@ def load_engine(cfg: EngineConfig | None = None, store: ModelStore | None = None
         attach_reasoning(engine, _reasoning_cards(installed, store, cfg.reasoning_adapter, warnings), warnings)
         engine.router = load_component(installed, "switcher", Router.load, warnings)
         engine.verifier = load_component(installed, "verifier", Verifier.load, warnings)
+        spec = fpt_of(model)
+        for component in (engine.router, engine.verifier):
+            if component is not None and spec is not None:  # heads are saved in the untransformed basis
+                transform_head(component.head, spec)
     settle_heap()  # loading temporaries go back to the OS; the model's objects leave the GC's full collections
     return engine

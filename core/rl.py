@@ -208,7 +208,7 @@ def setup(args: RlArgs, store: ModelStore | None = None):
         raise ValueError(f"the adapter in {start} was trained on other base weights")
     adapters.check_adapter(start)
     base = load_model(installed, EngineConfig(model_id=args.model_id, precision=args.precision))
-    if args.precision in ("w4", "w8"):
+    if args.precision.startswith("w"):
         base = dequantized_copy(base)  # the quantized base's function, dense kernels for backward
     base = base.float() if args.compute == "fp32" else base.to(torch.bfloat16)
     model = adapters.load_adapter(base, start, trainable=True)

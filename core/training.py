@@ -106,7 +106,7 @@ def setup(args: SftArgs, store: ModelStore | None = None) -> Prepared:
     if not encoded:
         raise ValueError("no usable training examples (check the data files and --max-response-tokens)")
     base = load_model(installed, EngineConfig(model_id=args.model_id, precision=args.precision))
-    if args.precision in ("w4", "w8"):
+    if args.precision.startswith("w"):
         base = dequantized_copy(base)  # same function as the quantized base, dense kernels for backward
     if args.init_adapter:
         model = adapters.load_adapter(base, Path(args.init_adapter), trainable=True)

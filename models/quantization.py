@@ -14,10 +14,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .fpt import FptSpec
+
 QUANT_FILE = "ponder_quant.json"
 WEIGHTS_FILE = "model.safetensors"
 QMAP_FILE = "quantization_map.json"
-PRECISIONS = ("fp32", "bf16", "w8", "w4")
+PRECISIONS = ("fp32", "bf16", "w8", "w4", "w4-fpt")
+"""w4-fpt: int4 after the FPTQuant° transforms (models/fpt.py), merged into the weights before quantizing."""
 
 
 def _qtype(bits: int):
@@ -132,7 +135,11 @@ def save_quantized(model: nn.Module, folder: Path, bits: int, head_bits: int | N
     folder = Path(folder)
     save_file(packed_state_dict(model), str(folder / WEIGHTS_FILE), metadata={"format": FORMAT})
     (folder / QMAP_FILE).write_text(json.dumps(quantization_map(model)))
+    spec = getattr(model, "ponder_fpt", None)
+    if spec is not None:  # adapters and heads trained on the original basis are moved into the transformed one
+        spec.save(folder)
     (folder / QUANT_FILE).write_text(json.dumps({"bits": bits, "head_bits": head_bits, "backend": "optimum-quanto",
+                                                 "method": "w4-fpt" if spec is not None else f"w{bits}",
                                                  "format": FORMAT, "torch": torch.__version__,
                                                  "cpu_capability": cpu_capability(), "group_size": group_size}))
     model.config.save_pretrained(folder)
@@ -183,6 +190,9 @@ def load_quantized(folder: Path) -> nn.Module:
     if missing:
         raise ValueError(f"quantized checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
     model.eval()
+    spec = FptSpec.load(folder)
+    if spec is not None:
+        model.ponder_fpt = spec
     install_fast_kernels(model)
     return model
 

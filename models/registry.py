@@ -80,7 +80,7 @@ class ModelSpec:
         """Resident weight bytes: the embedding stays bf16, the linears take the precision's width."""
         emb = self.embedding_params * 2
         linear = self.params - self.embedding_params
-        per_param = {"fp32": 4.0, "bf16": 2.0, "w8": 1.03, "w4": 0.53}[precision]
+        per_param = {"fp32": 4.0, "bf16": 2.0, "w8": 1.03, "w4": 0.53, "w4-fpt": 0.53}[precision]
         if precision == "fp32":
             emb *= 2
         return int(emb + linear * per_param)

@@ -22,7 +22,7 @@ from PySide6.QtWidgets import (
 from .dialogs import ConfirmDialog, GgufFileDialog, HfFolderDialog, RepoDialog
 from .main_stages import STAGES
 
-COLUMNS = ("Model", "Status", "On disk", "Memory to run", "Source")
+COLUMNS = ("Model", "Status", "Weights", "On disk", "Memory to run", "Source")
 
 
 def gib(n: int) -> str:
@@ -97,11 +97,11 @@ class ModelManager(QDialog):
         self.table.setRowCount(len(self.rows))
         for i, r in enumerate(self.rows):
             status = "In use" if r.active else ("Installed" if r.installed else "Not installed")
-            values = (r.name, status, gib(r.disk_bytes), gib(r.memory_bytes), r.source)
+            values = (r.name, status, r.weights, gib(r.disk_bytes), gib(r.memory_bytes), r.source)
             for j, value in enumerate(values):
                 item = QTableWidgetItem(value)
                 item.setData(Qt.ItemDataRole.UserRole, r.id)
-                item.setToolTip(r.blurb or r.id)
+                item.setToolTip(r.weights_detail if j == 2 and r.weights_detail else (r.blurb or r.id))
                 self.table.setItem(i, j, item)
             if r.id == keep:
                 self.table.selectRow(i)

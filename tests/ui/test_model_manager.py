@@ -32,7 +32,8 @@ def test_lists_shipped_models_with_memory_estimates(manager):
     assert rows["qwen2.5-coder-1.5b-instruct"].memory_bytes > embedded.memory_bytes
     manager.select("qwen2.5-coder-0.5b-instruct")
     assert manager.install_button.isEnabled() and not manager.use_button.isEnabled()
-    assert "GB" in manager.table.item(0, 3).text()
+    assert "GB" in manager.table.item(0, 4).text()
+    assert manager.table.item(0, 2).text() == embedded.weights != ""  # which weights the app runs it on
 
 
 def test_import_folder_use_and_remove(manager, loop, tiny_hf_dir, monkeypatch):
@@ -42,6 +43,7 @@ def test_import_folder_use_and_remove(manager, loop, tiny_hf_dir, monkeypatch):
     assert "✓ Imported" in manager.message.text()
     row = next(r for r in manager.rows if r.id == TINY_ID)
     assert row.installed and row.disk_bytes > 0 and row.source.startswith("folder:")
+    assert row.weights.endswith("(prepared at first use)") and "int4" in row.weights_detail
     manager.select(TINY_ID)
     used = []
     manager.useRequested.connect(used.append)
