@@ -99,7 +99,8 @@ def load_model(model: InstalledModel, cfg: EngineConfig, progress: Progress | No
         progress("quantize", 0, 1)
     plain = load_plain(model.hf_dir, torch.bfloat16)
     if cfg.precision == "w4-fpt":
-        qmodel = quantize_w4_fpt(plain, calibration_batches(model.hf_dir), cfg.head_bits, cfg.group_size)
+        qmodel = quantize_w4_fpt(plain, calibration_batches(model.hf_dir), cfg.head_bits, cfg.group_size,
+                                 report=progress and (lambda done, total: progress("quantize", done, total)))
     else:
         qmodel = quantize_model(plain, bits, cfg.head_bits, cfg.group_size)
     with AtomicDir(qdir) as tmp:

@@ -185,18 +185,21 @@ def clip_for_int4(w: torch.Tensor, group: int, saliency: torch.Tensor | None = N
 def quantize_w4_fpt(model: nn.Module, batches: list[torch.Tensor], head_bits: int = 4, group: int = 128,
                     rotate: bool = False, report=None) -> nn.Module:
     """`w4-fpt`: calibrate the transforms on `model` (bf16, untransformed), merge them in float32, round every int4
-    layer by GPTQ on the transformed weights, and pack (returns the quantized model, its spec attached)."""
+    layer by GPTQ on the transformed weights, and pack (returns the quantized model, its spec attached).
+    `report(done, total)` follows the steps (calibration, one per GPTQ input site, packing)."""
     from .gptq import gptq_round, set_int4
     from .quantization import packs_int4, quantize_model
 
     spec = calibrate(model, batches, group=group, rotate=rotate)
     if report:
-        report("transforms calibrated")
+        report(1, 2)
     apply_fpt(model.float(), spec)
     names = [name for name, m in model.named_modules() if isinstance(m, nn.Linear) and packs_int4(m, group)
              and (name != "lm_head" or head_bits == 4)]
-    codes = gptq_round(model, batches, names, group, report)
+    codes = gptq_round(model, batches, names, group, report and (lambda d, t: report(1 + d, t + 2)))
     quantized = quantize_model(model, 4, head_bits, group)
     for name, (q, scale, zero) in codes.items():
         set_int4(quantized.get_submodule(name), q, scale, zero)
+    if report:
+        report(1, 1)
     return quantized

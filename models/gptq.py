@@ -120,7 +120,7 @@ HESSIAN_BUDGET = 3 * 2**30
 def gptq_round(model: nn.Module, batches: list[torch.Tensor], names: list[str], group: int,
                report=None) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """GPTQ codes for the named linears of a float model (already transformed): name -> (codes, scale, zero).
-    The Hessians are collected in passes whose size HESSIAN_BUDGET bounds."""
+    The Hessians are collected in passes whose size HESSIAN_BUDGET bounds; `report(done, total)` per input site."""
     modules = dict(model.named_modules())
     sites = _input_sites(model, names)
     order = list(sites)
@@ -136,6 +136,6 @@ def gptq_round(model: nn.Module, batches: list[torch.Tensor], names: list[str], 
             for name in sites[site]:
                 out[name] = gptq_int4(modules[name].weight.float(), h, group)
             if report:
-                report(site)
+                report(len(sites) - len(order) - len(found), len(sites))
         del found
     return out

@@ -3,6 +3,7 @@ adapters saved in the original basis load into the transformed model and are sav
 head features are mapped back to the original basis."""
 import json
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -69,3 +70,16 @@ def test_head_features_of_a_transformed_model_are_the_original_ones():
     moved = run(model, ids, hidden=True).hidden_states[-1][0]
     assert torch.allclose(original_basis(model, moved), hidden, atol=1e-4)
     assert original_basis(float_model(), hidden) is hidden  # untransformed: untouched
+
+
+def test_quantize_command_prepares_w4_fpt(tiny_store, capsys):
+    from app.cli import run_cli
+
+    assert run_cli(["quantize", "--model", "tiny-qwen2", "--method", "w4-fpt", "--group", "64"]) == 0
+    out = capsys.readouterr().out
+    folder = quantized_dir(tiny_store.get("tiny-qwen2"), "w4-fpt", 4, 64)
+    assert folder.name == "w4-fpt-h4-g64" and str(folder) in out and "MB" in out
+    assert FptSpec.load(folder) is not None
+    with pytest.raises(SystemExit) as refused:  # not a group size the kernel takes: a usage error
+        run_cli(["quantize", "--model", "tiny-qwen2", "--method", "w4", "--group", "512"])
+    assert refused.value.code == 2

@@ -26,7 +26,7 @@ def installed():
 def engine(installed):
     from core.loading import load_engine
 
-    return load_engine(EngineConfig(kv="int8"), installed)  # the app's default weights (W4-FPT)
+    return load_engine(EngineConfig(kv="int8"), installed)  # the app's default weights
 
 
 def test_install_is_complete_and_verified(installed):
@@ -173,45 +173,3 @@ def test_shipped_reasoning_components_load_and_answer(engine):
     assert len(result.candidates) == 2 and result.chosen in (0, 1)
     assert all(0 <= c.score <= 1 for c in result.candidates)
 
-
-ROUTED = ["What is 17*23?", "Solve for x: 3x + 5 = 20.", "A train travels 60 km in 45 minutes. What is its speed in km/h?",
-          "Write a haiku about the sea.", "Translate 'thank you' into Spanish.", "What is the capital of France?"]
-VERIFIED = [("What is 6*7?", "<think>6*7 = 42.</think>\nThe answer is \\boxed{42}."),
-            ("What is 6*7?", "<think>6*7 = 48.</think>\nThe answer is \\boxed{48}."),
-            ("What is 15% of 80?", "<think>0.15*80 = 12.</think>\nThe answer is \\boxed{12}."),
-            ("What is 15% of 80?", "<think>15*80 = 1200.</think>\nThe answer is \\boxed{1200}.")]
-
-
-def head_outputs(engine):
-    """Switcher probabilities on ROUTED prompts and verifier scores of fixed VERIFIED replies (adapter on)."""
-    from core import adapters
-    from core.cache import new_cache
-    from core.decode import prefill
-    from core.prompts import reasoning_system
-
-    probs, scores = [], []
-    with torch.inference_mode():
-        for text in ROUTED:
-            with adapters.base(engine.model):
-                _, hidden = prefill(engine.model, torch.tensor([engine.prompt_ids(text, reasoning_system(256))]),
-                                    new_cache(engine.model.config, engine.kv), want_hidden=True)
-            probs.append(engine.router.probability(hidden))
-        for question, reply in VERIFIED:
-            ids = engine.prompt_ids(question, reasoning_system(256)) + engine.tokenizer(
-                reply, add_special_tokens=False)["input_ids"]
-            out = engine.model(input_ids=torch.tensor([ids]), cache=new_cache(engine.model.config, engine.kv),
-                               use_cache=True, output_hidden_states=True)
-            scores += engine.verifier.scores(out.hidden_states[-1][:, -1])
-    return probs, scores
-
-
-def test_transformed_weights_keep_the_shipped_heads_decisions(engine, installed):
-    """The shipped switcher and verifier (trained on plain W4) read W4-FPT's states as they read W4's: the same
-    routing decisions and nearly the same scores; the adapter's factors were moved into the transformed basis."""
-    from core.loading import load_engine
-
-    plain = load_engine(EngineConfig(precision="w4", kv="int8"), installed)
-    (p_fpt, s_fpt), (p_w4, s_w4) = head_outputs(engine), head_outputs(plain)
-    assert [p > 0.5 for p in p_fpt] == [p > 0.5 for p in p_w4], (p_fpt, p_w4)
-    assert max(abs(a - b) for a, b in zip(p_fpt, p_w4, strict=True)) < 0.2, (p_fpt, p_w4)
-    assert max(abs(a - b) for a, b in zip(s_fpt, s_w4, strict=True)) < 0.2, (s_fpt, s_w4)
