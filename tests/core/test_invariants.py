@@ -180,6 +180,7 @@ def test_one_parallel_row_is_the_chat_answer_repetition_penalty_included(engine)
 
 def test_streaming_yields_tokens_as_they_are_made(tiny_engine):
     cfg = SamplingConfig(temperature=0, max_tokens=40, ignore_eos=True)
+    list(tiny_engine.stream("hi", SamplingConfig(temperature=0, max_tokens=2)))  # one-time costs out of the timing
     start = time.perf_counter()
     stamps = [time.perf_counter() for e in tiny_engine.stream("hi", cfg) if isinstance(e, TokenEvent)]
     end = time.perf_counter()
