@@ -162,19 +162,21 @@ def markdown(report: dict) -> str:
         lines.append(f"| {key} | {_fmt(r.get('ppl'), '.3f')} | {_fmt(r.get('top1_agreement'), '.3f')} | "
                      f"{_fmt(r.get('mean_kl_nats'), '.4f')} | {acc['gsm8k']} | {acc['math500']} | "
                      f"{_fmt(r.get('decode_tok_s'), '.1f')} | {r['bytes'] / 2**20:.0f} |")
-    gap = _closed_gap(report["rows"])
-    if gap is not None:
-        lines.append(f"\nW4-FPT closes {gap:.0%} of the W4 → bf16 gap in mean KL.")
+    for metric, label in (("ppl", "perplexity"), ("mean_kl_nats", "mean KL")):
+        gap = _closed_gap(report["rows"], metric)
+        if gap is not None:
+            lines.append(f"\nW4-FPT closes {gap:.0%} of the W4 → bf16 gap in {label}.")
     lines.append(f"\n{report['model']}; {report['held_text']}; {report['cpu']} ({report['torch_cpu_capability']}), "
                  f"{report['date']}.")
     return "\n".join(lines) + "\n"
 
 
-def _closed_gap(rows: dict) -> float | None:
-    w4, fpt = rows.get("w4", {}).get("mean_kl_nats"), rows.get("w4-fpt", {}).get("mean_kl_nats")
-    if not w4 or fpt is None or math.isnan(w4):
+def _closed_gap(rows: dict, metric: str) -> float | None:
+    """Share of the W4 → bf16 gap in `metric` that W4-FPT closes (both with a bf16 KV cache)."""
+    ref, w4, fpt = (rows.get(k, {}).get(metric) for k in ("bf16", "w4", "w4-fpt"))
+    if ref is None or w4 is None or fpt is None or math.isclose(w4, ref):
         return None
-    return (w4 - fpt) / w4
+    return (w4 - fpt) / (w4 - ref)
 
 
 if __name__ == "__main__":
