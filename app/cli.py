@@ -349,16 +349,20 @@ def cmd_quantize(args) -> int:
 
     installed = ModelStore().get(args.model)
     cfg = EngineConfig(model_id=args.model, precision=args.method, head_bits=args.head_bits, group_size=args.group)
+    from models.quantization import quant_info
+
+    folder = quantized_dir(installed, args.method, args.head_bits, args.group)
+    existed = quant_info(folder) is not None and not args.force
     bar = TerminalProgress()
     start = time.perf_counter()
     try:
         load_model(installed, cfg, bar, rebuild=args.force)
     finally:
         bar.close()
-    folder = quantized_dir(installed, args.method, args.head_bits, args.group)
     size = sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
+    how = "already prepared (--force quantizes again)" if existed else f"{time.perf_counter() - start:.0f} s"
     print(f"{installed.display_name}: {args.method}, group {args.group}, head {args.head_bits}-bit in {folder} "
-          f"({size / 2**20:.0f} MB, {time.perf_counter() - start:.0f} s)")
+          f"({size / 2**20:.0f} MB, {how})")
     return 0
 
 

@@ -250,20 +250,17 @@ def transform_lora_state(state: dict[str, torch.Tensor], spec: FptSpec, config,
 
 
 @torch.no_grad()
-def transform_head(head: nn.Module, spec: FptSpec, inverse: bool = False) -> nn.Module:
+def transform_head(head: nn.Module, spec: FptSpec) -> nn.Module:
     """A switcher/verifier head (Standardize then Linear on the final normed hidden state) rewritten in place to
     read the transformed model's state: x_old = x_new·Fᵀ with F = diag(γ_final)·Q, so the first linear becomes
-    W·diag(1/σ)·F, the mean μ·F⁻ᵀ and σ = 1. Exact up to float rounding. `inverse`: a head trained on the
-    transformed model, rewritten to read the original (F⁻¹ in place of F), the form saved."""
+    W·diag(1/σ)·F, the mean μ·F⁻ᵀ and σ = 1. Exact up to float rounding. (Heads trained on a transformed model
+    are trained on features mapped back first: core.head_training.original_basis.)"""
     if spec.rotation is None:
         return head
     feature = spec.gamma_final[:, None] * spec.rotation  # F
-    inv_t = spec.rotation / spec.gamma_final[:, None]  # F⁻ᵀ = diag(1/γ)·Q
-    if inverse:
-        feature, inv_t = inv_t.t(), feature.t()  # F⁻¹ = Qᵀ·diag(1/γ) = (F⁻ᵀ)ᵀ, and (F⁻¹)⁻ᵀ = Fᵀ
     first = next(m for m in head.modules() if isinstance(m, nn.Linear))
     norm = head.norm
     first.weight.copy_((first.weight.float() / norm.std.float()) @ feature)
-    norm.mean.copy_(norm.mean.float() @ inv_t)
+    norm.mean.copy_(norm.mean.float() @ (spec.rotation / spec.gamma_final[:, None]))  # μ·diag(1/γ)·Q = μ·F⁻ᵀ
     norm.std.fill_(1.0)
     return head

@@ -153,40 +153,11 @@ def calibrate(model: nn.Module, batches: list[torch.Tensor], group: int = 128, r
     return spec
 
 
-CLIP_RATIOS = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7)
-
-
-@torch.no_grad()
-def clip_for_int4(w: torch.Tensor, group: int, saliency: torch.Tensor | None = None) -> torch.Tensor:
-    """w with each (row, group)'s range shrunk toward its middle by the ratio in CLIP_RATIOS that minimises the
-    group's int4 rounding error, weighted per input channel by saliency² (mean |input|; AWQ's auto-clip in its
-    diagonal form). Values outside the chosen range are clamped to it, so a min-max quantizer applied afterwards
-    (quanto's) lands on exactly the clipped grid."""
-    out_f, in_f = w.shape
-    g = w.float().reshape(out_f, in_f // group, group)
-    weight = (saliency.float() ** 2).view(1, in_f // group, group) if saliency is not None else 1.0
-    lo, hi = g.amin(-1, keepdim=True), g.amax(-1, keepdim=True)
-    mid = (lo + hi) / 2
-    best_err = best_lo = best_hi = None
-    for ratio in CLIP_RATIOS:
-        clo, chi = mid + (lo - mid) * ratio, mid + (hi - mid) * ratio
-        scale = ((chi - clo) / 15).clamp(min=1e-8)
-        q = ((g.clamp(clo, chi) - clo) / scale).round_().clamp_(0, 15) * scale + clo
-        err = ((q - g).pow(2) * weight).sum(-1, keepdim=True)
-        if best_err is None:
-            best_err, best_lo, best_hi = err, clo, chi
-        else:
-            better = err < best_err
-            best_err = torch.where(better, err, best_err)
-            best_lo, best_hi = torch.where(better, clo, best_lo), torch.where(better, chi, best_hi)
-    return torch.maximum(torch.minimum(g, best_hi), best_lo).reshape(out_f, in_f).to(w.dtype)
-
-
 def quantize_w4_fpt(model: nn.Module, batches: list[torch.Tensor], head_bits: int = 4, group: int = 128,
                     rotate: bool = False, report=None) -> nn.Module:
     """`w4-fpt`: calibrate the transforms on `model` (bf16, untransformed), merge them in float32, round every int4
     layer by GPTQ on the transformed weights, and pack (returns the quantized model, its spec attached).
-    `report(done, total)` follows the steps (calibration, one per GPTQ input site, packing)."""
+    `report(done, total)` follows the steps (calibration, then one per GPTQ input site)."""
     from .gptq import gptq_round, set_int4
     from .quantization import packs_int4, quantize_model
 
@@ -200,6 +171,4 @@ def quantize_w4_fpt(model: nn.Module, batches: list[torch.Tensor], head_bits: in
     quantized = quantize_model(model, 4, head_bits, group)
     for name, (q, scale, zero) in codes.items():
         set_int4(quantized.get_submodule(name), q, scale, zero)
-    if report:
-        report(1, 1)
     return quantized

@@ -80,6 +80,8 @@ def test_quantize_command_prepares_w4_fpt(tiny_store, capsys):
     folder = quantized_dir(tiny_store.get("tiny-qwen2"), "w4-fpt", 4, 64)
     assert folder.name == "w4-fpt-h4-g64" and str(folder) in out and "MB" in out
     assert FptSpec.load(folder) is not None
+    assert run_cli(["quantize", "--model", "tiny-qwen2", "--method", "w4-fpt", "--group", "64"]) == 0
+    assert "already prepared" in capsys.readouterr().out
     with pytest.raises(SystemExit) as refused:  # not a group size the kernel takes: a usage error
         run_cli(["quantize", "--model", "tiny-qwen2", "--method", "w4", "--group", "512"])
     assert refused.value.code == 2

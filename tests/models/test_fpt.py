@@ -126,7 +126,7 @@ def test_calibrated_scales_never_measure_worse_than_none():
     assert torch.allclose(run(apply_fpt(float_model(), spec), ids).logits, ref, atol=2e-4, rtol=1e-4)
 
 
-def test_inverse_transforms_return_the_original_factors_and_head():
+def test_inverse_transform_returns_the_original_lora_factors():
     spec = random_spec(float_model().config, seed=4)
     apply_fpt(float_model(), spec)  # fills the folded norm weights
     model = adapters.attach_new(float_model(), rank=4)
@@ -137,12 +137,3 @@ def test_inverse_transforms_return_the_original_factors_and_head():
     state = {k: v.clone() for k, v in model.state_dict().items() if "lora_" in k}
     back = transform_lora_state(transform_lora_state(state, spec, model.config), spec, model.config, inverse=True)
     assert all(torch.allclose(back[k], state[k], atol=1e-5) for k in state)
-    head = VerifierHead(128)
-    with torch.no_grad():
-        head.norm.mean.normal_(0, 1)
-        head.norm.std.uniform_(0.5, 2)
-        head.linear.weight.normal_(0, 0.3)
-    x = torch.randn(5, 128)
-    ref = head(x)
-    moved = transform_head(transform_head(head, spec), spec, inverse=True)
-    assert torch.allclose(moved(x), ref, atol=1e-4)
