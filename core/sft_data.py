@@ -107,7 +107,9 @@ def encode_example(tokenizer, ex: SftExample) -> tuple[list[int], list[int]]:
 def traces_from_eval(rows: list[dict], questions: dict[int, tuple[str, str]]) -> list[dict]:
     """Trace rows (question, thinking, answer) from the *correct* rows of a `ponder eval --out` file, so a model's
     own right answers become training data (self-distillation / rejection sampling). `questions` maps a row's
-    index to (question, gold answer). A base-mode answer's text is its reasoning; its `\\boxed{x}` becomes `x`."""
+    index to (question, gold answer). A base-mode answer's text is its reasoning; its `\\boxed{x}` becomes `x`,
+    and one without a boxed answer is left out (cut at the token cap, or stopping before its result: the scorer
+    may have found the gold number in it, but the trace would teach stopping mid-way)."""
     from .voting import last_boxed
 
     traces = []
@@ -117,6 +119,8 @@ def traces_from_eval(rows: list[dict], questions: dict[int, tuple[str, str]]) ->
         question, gold = questions[row["index"]]
         thinking = row.get("thinking") or row["text"]
         boxed = last_boxed(thinking)
+        if boxed is None and not row.get("thinking"):
+            continue
         if boxed is not None:
             thinking = thinking.replace(f"\\boxed{{{boxed}}}", boxed)
         traces.append({"question": question, "thinking": thinking.strip(), "answer": gold})

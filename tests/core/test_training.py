@@ -29,8 +29,9 @@ def test_gsm8k_rewrite_strips_calculator_and_boxes_answer():
 def test_correct_eval_answers_become_trace_rows_for_sft():
     rows = [{"index": 0, "correct": True, "text": "48/2 = 24, 48+24 = 72. So \\boxed{72}.", "thinking": ""},
             {"index": 1, "correct": False, "text": "\\boxed{5}", "thinking": ""},
-            {"index": 2, "correct": True, "text": "The answer is 9.", "thinking": "3*3 = 9"}]
-    traces = traces_from_eval(rows, {0: ("Q0", "72"), 1: ("Q1", "6"), 2: ("Q2", "9")})
+            {"index": 2, "correct": True, "text": "The answer is 9.", "thinking": "3*3 = 9"},
+            {"index": 3, "correct": True, "text": "48/2 = 24, and 48 + 24 = 72, so the", "thinking": ""}]  # cut
+    traces = traces_from_eval(rows, {0: ("Q0", "72"), 1: ("Q1", "6"), 2: ("Q2", "9"), 3: ("Q3", "72")})
     assert traces == [{"question": "Q0", "thinking": "48/2 = 24, 48+24 = 72. So 72.", "answer": "72"},
                       {"question": "Q2", "thinking": "3*3 = 9", "answer": "9"}]
     ex = example_from_row(traces[0])  # trace rows are an SFT data format of their own
