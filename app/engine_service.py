@@ -208,7 +208,8 @@ class EngineService(QObject):
             return False
         self._loop = asyncio.get_running_loop()
         await self._loop.run_in_executor(self._executor, self._unload)
-        self.config = replace(self.config, model_id=model_id, reasoning_adapter=reasoning_adapter)
+        self.config = replace(self.config, model_id=model_id, reasoning_adapter=reasoning_adapter,
+                              precision=None)  # the new model's own default weights
         return await self.start()
 
     async def set_threads(self, threads: int | None) -> int:

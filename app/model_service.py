@@ -66,13 +66,13 @@ class ModelService(QObject):
             seen.add(m.id)
             weights, detail = weights_status(m, EngineConfig(model_id=m.id))
             rows.append(ModelRow(m.id, m.display_name, True, m.id == self.active_id, m.disk_bytes,
-                                 m.spec.memory_estimate("w4", "int8", 4096), m.source, m.spec.blurb, False,
+                                 m.spec.memory_estimate(m.spec.precision, "int8", 4096), m.source, m.spec.blurb, False,
                                  weights, detail))
         for spec in KNOWN_MODELS.values():
             if spec.id not in seen and spec.wheel_packages:
-                rows.append(ModelRow(spec.id, spec.display_name, False, False, 0, spec.memory_estimate("w4", "int8", 4096),
-                                     "data packages (PyPI)", spec.blurb, True, PRECISION_LABELS[EngineConfig().precision],
-                                     PRECISION_DETAILS[EngineConfig().precision]))
+                rows.append(ModelRow(spec.id, spec.display_name, False, False, 0,
+                                     spec.memory_estimate(spec.precision, "int8", 4096), "data packages (PyPI)",
+                                     spec.blurb, True, PRECISION_LABELS[spec.precision], PRECISION_DETAILS[spec.precision]))
         return rows
 
     async def _run(self, what: str, fn, *args) -> bool:

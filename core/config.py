@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from models.quantization import GROUP_SIZE, GROUP_SIZES, PRECISIONS
-from models.registry import DEFAULT_MODEL_ID
+from models.registry import DEFAULT_MODEL_ID, default_precision
 
 KV_FORMATS = ("bf16", "int8")
 
@@ -54,10 +54,10 @@ class EngineConfig:
 
     model_id: str = DEFAULT_MODEL_ID
     """Store name of the model (see `ponder models`)."""
-    precision: str = "w4"
+    precision: str | None = None
     """Weights: fp32, bf16, w8 (int8), w4 (int4, group 128, rounded to nearest) or w4-fpt (int4 after the
     FPTQuant° transforms and GPTQ rounding: same size and kernels as w4, closer to bf16); activations are bf16
-    except fp32."""
+    except fp32. None = the model's default (`models.registry.default_precision`: w4-fpt for the embedded 0.5B)."""
     kv: str = "int8"
     """KV cache: bf16, or int8 with one scale per token and head."""
     head_bits: int = 4
@@ -73,6 +73,8 @@ class EngineConfig:
     """Name of the reasoning adapter in the adapter library; None = the user's component or the shipped one."""
 
     def __post_init__(self):
+        if self.precision is None:
+            object.__setattr__(self, "precision", default_precision(self.model_id))
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}")
         if self.kv not in KV_FORMATS:
@@ -111,8 +113,9 @@ class SftArgs:
     checkpoint_every: int = 8
     """Steps between resumable checkpoints in the run folder."""
     model_id: str = DEFAULT_MODEL_ID
-    precision: str = "w4"
-    """Base the adapter is trained on and served with (QAMR: train on the quantized base)."""
+    precision: str | None = None
+    """Base the adapter is trained on and served with (QAMR: train on the quantized base); None = the model's
+    default weights, the ones the app serves it on."""
     examples: int = 256
     """How many training examples to draw (shuffled, short traces first kept)."""
     steps: int = 32
@@ -135,6 +138,8 @@ class SftArgs:
             raise ValueError("give at least one training file")
         if self.steps < 1 or self.grad_accum < 1 or self.examples < 1:
             raise ValueError("steps, grad_accum and examples must be >= 1")
+        if self.precision is None:
+            object.__setattr__(self, "precision", default_precision(self.model_id))
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}")
         if not 0 < self.lr < 1:

@@ -159,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=None, help="default: 0 for one stream, 0.7 for parallel")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model", default=EngineConfig().model_id)
-    p.add_argument("--precision", choices=PRECISIONS, default=EngineConfig().precision, help="weights (default: the app's)")
+    p.add_argument("--precision", choices=PRECISIONS, default=None, help="weights (default: the model's, as the app runs it)")
     p.add_argument("--kv", choices=KV_FORMATS, default=EngineConfig().kv, help="KV cache format")
     p.add_argument("--group-size", type=int, choices=GROUP_SIZES, default=GROUP_SIZE, help="int4 group size")
     p.add_argument("--head-bits", type=int, choices=(4, 8), default=4, help="bits of the quantized LM head")

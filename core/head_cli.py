@@ -62,7 +62,8 @@ def main(argv: list[str]) -> int:
                   "questions": args.questions, "samples": args.samples, "budget": args.budget, "seed": args.seed,
                   "temperature": SAMPLING_TEMPERATURE, "top_p": SAMPLING_TOP_P,
                   "command": " ".join(["ponder", "train", what, *rest])}
-        metrics = train_verifier(x, y, groups, args.out, hidden_size=x.shape[1], model_id=engine.model_id, seed=args.seed,
+        metrics = train_verifier(x, y, groups, args.out, hidden_size=x.shape[1], model_id=engine.model_id,
+                                 precision=engine.precision, seed=args.seed,
                                  source=source)
     print(json.dumps(metrics))
     return 0

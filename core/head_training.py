@@ -104,7 +104,8 @@ def train_switcher(engine, reason_items: list[Item], chat_items: list[Item], out
     metrics = {"train_accuracy": accuracy(head, x[tr], labels[tr]), "val_accuracy": accuracy(head, x[va], labels[va]),
                "val_auc": auc(head, x[va], labels[va]), "n_train": len(tr), "n_val": len(va)}
     save_head(head, out, {"kind": "switcher", "hidden_size": x.shape[1], "width": 8, "threshold": 0.5, "chunk": 128,
-                          "alpha": 0.5, "noise": noise, "model": engine.model_id, **metrics})
+                          "alpha": 0.5, "noise": noise, "model": engine.model_id, "precision": engine.precision,
+                          **metrics})
     return metrics
 
 
@@ -186,7 +187,8 @@ def pick_weight_decay(x: torch.Tensor, y: torch.Tensor, groups: torch.Tensor, hi
 
 
 def train_verifier(x: torch.Tensor, y: torch.Tensor, groups: torch.Tensor, out: Path, *, hidden_size: int,
-                   model_id: str, seed: int = 0, val_share: float = 0.2, source: dict | None = None) -> dict:
+                   model_id: str, precision: str, seed: int = 0, val_share: float = 0.2,
+                   source: dict | None = None) -> dict:
     """Fit on the training questions (L2 picked by cross-validation), report on held-out questions, save."""
     tr, va = group_split(groups, val_share, seed)
     wd, cv = pick_weight_decay(x[tr], y[tr], groups[tr], hidden_size, seed=seed)
@@ -195,6 +197,7 @@ def train_verifier(x: torch.Tensor, y: torch.Tensor, groups: torch.Tensor, out: 
                "val_auc": auc(head, x[va], y[va]), "n_train": len(tr), "n_val": len(va),
                "positive_share": y.mean().item(), "weight_decay": wd,
                "cv_auc": {str(k): round(v, 4) for k, v in cv.items()}}
-    save_head(head, out, {"kind": "verifier", "hidden_size": hidden_size, "model": model_id, **metrics,
+    save_head(head, out, {"kind": "verifier", "hidden_size": hidden_size, "model": model_id, "precision": precision,
+                          **metrics,
                           "trained_on": source or {}})
     return metrics

@@ -169,13 +169,26 @@ def _reasoning_cards(installed: InstalledModel, store: ModelStore, wanted: str |
         return cards
 
 
+def other_weights_note(label: str, trained_on: str | None, serving: str) -> str | None:
+    """A user-visible note when a component was trained on other weights than the model runs on: an adapter or
+    head fits the hidden states of the weights it was trained on (W4 and W4-FPT states differ enough to matter)."""
+    if not trained_on or trained_on == serving or trained_on not in PRECISION_LABELS:
+        return None
+    return (f"The {label} was trained on {PRECISION_LABELS[trained_on]} weights and this model runs on "
+            f"{PRECISION_LABELS[serving]}: it may work less well (retrain it on these weights, or run the model "
+            f"with --precision {trained_on}).")
+
+
 def attach_reasoning(engine: Engine, cards, warnings: list[str]) -> None:
     """Make the first of `cards` that loads the engine's reasoning adapter; a damaged or mismatched one is
     skipped with a warning (user-visible) and the log, falling back to the next, else to none."""
     for i, card in enumerate(cards):
         try:
-            adapters.adapter_meta(card.folder)  # a damaged card is a damaged adapter
+            meta = adapters.adapter_meta(card.folder)  # a damaged card is a damaged adapter
             engine.use_reasoning_adapter(card)
+            note = other_weights_note("reasoning adapter", meta.get("base_precision"), engine.precision)
+            if note:
+                warnings.append(note)
             return
         except Exception as err:  # corrupt JSON/safetensors, wrong shapes, other base weights: never fatal
             rest = cards[i + 1:]
@@ -208,8 +221,13 @@ def load_engine(cfg: EngineConfig | None = None, store: ModelStore | None = None
         engine.router = load_component(installed, "switcher", Router.load, warnings)
         engine.verifier = load_component(installed, "verifier", Verifier.load, warnings)
         spec = fpt_of(model)
-        for component in (engine.router, engine.verifier):
-            if component is not None and spec is not None:  # heads are saved in the untransformed basis
+        for label, component in (("switcher", engine.router), ("verifier", engine.verifier)):
+            if component is None:
+                continue
+            if spec is not None:  # heads are saved in the untransformed basis
                 transform_head(component.head, spec)
+            note = other_weights_note(label, component.config.get("precision"), cfg.precision)
+            if note:
+                warnings.append(note)
     settle_heap()  # loading temporaries go back to the OS; the model's objects leave the GC's full collections
     return engine

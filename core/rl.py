@@ -42,7 +42,7 @@ import torch
 
 from models.convert import AtomicDir
 from models.quantization import PRECISIONS, dequantized_copy
-from models.registry import DEFAULT_MODEL_ID
+from models.registry import DEFAULT_MODEL_ID, default_precision
 
 from . import adapters
 from .cache import fork, new_cache
@@ -91,8 +91,9 @@ class RlArgs:
     length: str = "total"
     """What L counts: 'total' (thinking + answer, sampled tokens) or 'thinking'."""
     model_id: str = DEFAULT_MODEL_ID
-    precision: str = "w4"
-    """Base the adapter is trained on (QAMR); w4/w8 run as their exact dequantized copy."""
+    precision: str | None = None
+    """Base the adapter is trained on (QAMR; None = the model's default weights); w4/w8/w4-fpt run as their exact
+    dequantized copy."""
     compute: str = "fp32"
     """dtype rollouts and updates compute in: fp32 (the same grid weights, and about twice as fast as bf16 for
     batch-4 decoding on our 2-core CPU) or bf16 (half the memory)."""
@@ -104,6 +105,8 @@ class RlArgs:
     """Save the result into the adapter library under this name (kind 'reasoning')."""
 
     def __post_init__(self):
+        if self.precision is None:
+            object.__setattr__(self, "precision", default_precision(self.model_id))
         checks = [(bool(self.data), "give at least one data file (--data)"),
                   (bool(self.budgets) and min(self.budgets) >= 1, "budgets must be positive token counts"),
                   (0 <= self.margin <= 1, "margin must be in [0, 1]"), (self.group >= 2, "group must be >= 2"),
@@ -329,6 +332,9 @@ def build_parser() -> argparse.ArgumentParser:
     defaults = RlArgs(data=("x",))
     for name in FLAGS:
         value = getattr(defaults, name)
+        if name == "precision":  # the model's own default, resolved once --model-id is known
+            p.add_argument("--precision", choices=PRECISIONS, default=None)
+            continue
         p.add_argument("--" + name.replace("_", "-"), type=type(value), default=value)
     p.add_argument("--length", choices=LENGTHS, default="total", help="what the barrier measures")
     p.add_argument("--compute", choices=("fp32", "bf16"), default="fp32", help="dtype of rollouts and updates")

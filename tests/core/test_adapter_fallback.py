@@ -39,3 +39,25 @@ def test_an_adapter_for_other_weights_is_skipped(tiny_store, adapter_dir):
                           {**meta, "base_fingerprint": "0" * 16})
     engine = load_engine(EngineConfig(model_id=TINY_ID, precision="bf16", kv="bf16"), tiny_store)
     assert not engine.can_reason and "other base weights" in engine.warnings[0]
+
+
+def test_components_trained_on_other_weights_load_with_a_note(tiny_store, adapter_dir):
+    from models.heads import SwitcherHead, save_head
+
+    meta = adapters.adapter_meta(adapter_dir)
+    adapters.save_adapter(adapters.attach_new(make_model(448), rank=4), adapter_dir, {**meta, "base_precision": "w4"})
+    save_head(SwitcherHead(128), adapter_dir.parent / "switcher",
+              {"kind": "switcher", "hidden_size": 128, "model": TINY_ID, "precision": "bf16"})
+    engine = load_engine(EngineConfig(model_id=TINY_ID, precision="bf16", kv="bf16"), tiny_store)
+    assert engine.can_reason and engine.router is not None  # used, with one note: the head matches, the adapter not
+    assert engine.warnings == ["The reasoning adapter was trained on W4 weights and this model runs on bf16: it may "
+                               "work less well (retrain it on these weights, or run the model with --precision w4)."]
+
+
+def test_each_model_has_its_default_weights():
+    from models.registry import DEFAULT_MODEL_ID
+
+    assert EngineConfig().precision == "w4-fpt"  # the embedded model: its shipped adapter and heads are trained on it
+    assert EngineConfig(model_id="qwen2.5-coder-1.5b-instruct").precision == "w4"
+    assert EngineConfig(model_id=TINY_ID).precision == "w4"  # an import: W4, prepared in seconds
+    assert EngineConfig(model_id=DEFAULT_MODEL_ID, precision="bf16").precision == "bf16"

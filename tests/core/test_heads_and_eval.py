@@ -47,7 +47,7 @@ def test_verifier_data_and_training(engine, tmp_path):
     x, y, groups = verifier_data(engine, items, samples=2, budget=4, answer_max_tokens=3, report=lambda m: None)
     assert x.shape == (4, 128) and set(y.tolist()) <= {0.0, 1.0}
     y = torch.tensor([1.0, 0.0, 1.0, 0.0])  # the random model is never right: give the fit both classes
-    metrics = train_verifier(x, y, groups, tmp_path / "v", hidden_size=128, model_id="tiny")
+    metrics = train_verifier(x, y, groups, tmp_path / "v", hidden_size=128, model_id="tiny", precision="bf16")
     assert metrics["n_train"] + metrics["n_val"] == 4
     assert Verifier.load(tmp_path / "v").scores(x[:2]).__len__() == 2
 

@@ -44,8 +44,9 @@ def test_install_is_complete_and_verified(installed):
 
 # Teacher-forced checks: the greedy text of a 4-bit 0.5B model depends on the CPU's kernels (17*23 decodes to
 # "391" on a Xeon and "401" on an EPYC), so these tests assert rates over fixed inputs, never one exact output.
-# Measured on an AMD EPYC (AVX-512): agreement 0.930, sums 12/12; the same CPU limited to AVX2
-# (ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2, weights re-packed): 0.926, 12/12. Floors leave margin.
+# Measured on an AMD EPYC (AVX-512) with W4: agreement 0.930, sums 12/12; the same CPU limited to AVX2
+# (ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2, weights re-packed): 0.926, 12/12. With W4-FPT, the default
+# since 2026-12-01: 0.953, 12/12 on the EPYC. Floors leave margin.
 AGREEMENT_FLOOR = 0.85
 ARITHMETIC_FLOOR = 10
 SYSTEM = "Answer briefly."  # short: every token of the prompts is prefilled twice per test
@@ -161,6 +162,7 @@ def test_user_text_cannot_forge_turns(engine):
 def test_shipped_reasoning_components_load_and_answer(engine):
     """The shipped adapter, switcher and verifier attach to the embedded model and work end to end."""
     assert engine.can_reason and engine.router is not None and engine.verifier is not None
+    assert engine.warnings == []  # each was trained on the weights the app runs this model on
     answer = engine.generate("What is 17*23?", SamplingConfig(temperature=0), mode="reason", budget=96,
                              answer_max_tokens=32)
     assert answer.route.reason and answer.adapter and 0 < answer.thinking_tokens <= 96
@@ -173,3 +175,34 @@ def test_shipped_reasoning_components_load_and_answer(engine):
     assert len(result.candidates) == 2 and result.chosen in (0, 1)
     assert all(0 <= c.score <= 1 for c in result.candidates)
 
+
+
+def test_fpt_transforms_preserve_the_real_model_and_its_adapter(installed):
+    """Before quantization the FPTQuant° rewrite is exact on the 0.5B: the calibrated scales of its prepared
+    W4-FPT weights plus a residual rotation give the float model's logits, with and without the shipped adapter
+    (its LoRA factors moved into the transformed basis)."""
+    from core import adapters
+    from core.loading import load_plain, load_tokenizer, quantized_dir, resource_dir
+    from models.fpt import FptSpec, apply_fpt, random_rotation
+
+    m = installed.get(DEFAULT_MODEL_ID)
+    spec = FptSpec.load(quantized_dir(m, "w4-fpt", 4))  # `ponder setup` prepared the default weights
+    assert spec is not None and any((s != 1).any() for s in spec.key_scale)  # calibrated, not identity
+    spec.rotation = random_rotation(896, seed=0)
+    adapter = resource_dir() / "components" / DEFAULT_MODEL_ID / "reasoning"
+    text = " ".join(f"{q} {a}" for q, a in PAIRS[:4])
+    ids = torch.tensor(load_tokenizer(m.hf_dir)(text)["input_ids"]).view(1, -1)
+    out = []
+    for transform in (False, True):
+        model = load_plain(m.hf_dir, torch.float32)
+        if transform:
+            apply_fpt(model, spec)
+        with torch.no_grad():
+            base = model(ids).logits
+            adapted = adapters.load_adapter(model, adapter)(ids).logits
+        out.append((base, adapted))
+        del model
+    (base, adapted), (base_t, adapted_t) = out
+    assert (adapted - base).abs().max() > 0.5  # the adapter changes the logits: the comparison below is not empty
+    assert (base_t - base).abs().max() < 0.02, (base_t - base).abs().max()
+    assert (adapted_t - adapted).abs().max() < 0.02, (adapted_t - adapted).abs().max()
