@@ -182,7 +182,8 @@ def test_fpt_transforms_preserve_the_real_model_and_its_adapter(installed):
     W4-FPT weights plus a residual rotation give the float model's logits, with and without the shipped adapter
     (its LoRA factors moved into the transformed basis)."""
     from core import adapters
-    from core.loading import load_plain, load_tokenizer, quantized_dir, resource_dir
+    from core.loading import load_plain, load_tokenizer, quantized_dir
+    from core.paths import resource_dir
     from models.fpt import FptSpec, apply_fpt, random_rotation
 
     m = installed.get(DEFAULT_MODEL_ID)
