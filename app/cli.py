@@ -140,6 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
     tsub.add_parser("sft", help="reasoning LoRA adapter by masked SFT (run `ponder train sft --help`)", add_help=False)
     tsub.add_parser("rl", help="budget-forcing RL of a reasoning adapter (run `ponder train rl --help`)",
                     add_help=False)
+    tsub.add_parser("caprese", help="low-rank branches that recover GRIFFIN's sparse decoding (`--help`)",
+                    add_help=False)
     tsub.add_parser("switcher", help="the reasoning-needed classifier head", add_help=False)
     tsub.add_parser("verifier", help="the answer-correctness head", add_help=False)
     sub.add_parser("eval", help="accuracy, tokens and latency on a GSM8K/MATH file (`ponder eval --help`)",
@@ -421,9 +423,13 @@ def cmd_serve(args) -> int:
 
 
 def cmd_train(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("sft", "rl", "switcher", "verifier"):
-        print("ponder train: choose what to train: sft, rl, switcher or verifier", file=sys.stderr)
+    if not argv or argv[0] not in ("sft", "rl", "caprese", "switcher", "verifier"):
+        print("ponder train: choose what to train: sft, rl, caprese, switcher or verifier", file=sys.stderr)
         return 2
+    if argv[0] == "caprese":
+        from core.caprese import main as caprese_main
+
+        return caprese_main(argv[1:])
     if argv[0] == "rl":
         from core.rl import main as rl_main
 

@@ -23,11 +23,13 @@ RESULTS = Path(__file__).resolve().parent / "results"
 PROMPT = "Write a Python function that checks whether a number is prime, and explain how it works."
 PONDER_SYSTEMS = {  # name: (precision, kv, head_bits, int4 group size)
     "ponder_bf16_kvbf16": ("bf16", "bf16", 4, 128),
+    "ponder_bf16_kv8": ("bf16", "int8", 4, 128),
     "ponder_w8_kv8": ("w8", "int8", 8, 128),
     "ponder_w4_head8_kv8": ("w4", "int8", 8, 128),
     "ponder_w4_kvbf16": ("w4", "bf16", 4, 128),
     "ponder_w4a16kv8": ("w4", "int8", 4, 128),
     "ponder_w4a16kv8_g32": ("w4", "int8", 4, 32),
+    "ponder_w4fpt_kvbf16": ("w4-fpt", "bf16", 4, 128),
     "ponder_w4fpt_a16kv8": ("w4-fpt", "int8", 4, 128),
 }
 DEFAULT_SYSTEM = "ponder_w4a16kv8"

@@ -37,10 +37,10 @@ RESULTS = ROOT / "bench" / "results"
 DATA = ROOT.parent / "shared" / "data"
 ROWS = {  # key -> (precision, kv, int4 group size, bench.decode system)
     "bf16": ("bf16", "bf16", 128, "ponder_bf16_kvbf16"),
-    "bf16+kv8": ("bf16", "int8", 128, None),
-    "w4": ("w4", "bf16", 128, None),
+    "bf16+kv8": ("bf16", "int8", 128, "ponder_bf16_kv8"),
+    "w4": ("w4", "bf16", 128, "ponder_w4_kvbf16"),
     "w4+kv8": ("w4", "int8", 128, "ponder_w4a16kv8"),
-    "w4-fpt": ("w4-fpt", "bf16", 128, None),
+    "w4-fpt": ("w4-fpt", "bf16", 128, "ponder_w4fpt_kvbf16"),
     "w4-fpt+kv8": ("w4-fpt", "int8", 128, "ponder_w4fpt_a16kv8"),
     "w4-g32": ("w4", "bf16", 32, None),
     "w4-g32+kv8": ("w4", "int8", 32, "ponder_w4a16kv8_g32"),

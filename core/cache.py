@@ -120,13 +120,38 @@ class Int8KVLayer(DynamicLayer):
         return per_token * self.length
 
 
+class _PromptState:
+    """What the prompt decided beside its keys and values, one entry per cache row, following the cache's row
+    operations: `ff_selection`, GRIFFIN's cut feed-forward blocks (core.sparse_ff), or None (dense)."""
+
+    ff_selection = None
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        super().batch_repeat_interleave(repeats)
+        if self.ff_selection is not None:
+            self.ff_selection = self.ff_selection.repeat(repeats)
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        super().batch_select_indices(indices)
+        if self.ff_selection is not None:
+            self.ff_selection = self.ff_selection.select(indices)
+
+
+class PonderDynamicCache(_PromptState, DynamicCache):
+    """transformers' DynamicCache (bf16) with the prompt's state."""
+
+
+class PonderCache(_PromptState, Cache):
+    """A cache of int8 layers with the prompt's state."""
+
+
 def new_cache(config, kv: str = "bf16") -> Cache:
     """An empty cache for `config`'s decoder: DynamicCache for bf16, int8 layers for 'int8'."""
     if kv == "bf16":
-        return DynamicCache(config=config)
+        return PonderDynamicCache(config=config)
     if kv == "int8":
         float_decode = getattr(config, "_attn_implementation", None) == "ponder"
-        return Cache(layers=[Int8KVLayer(float_decode) for _ in range(config.num_hidden_layers)])
+        return PonderCache(layers=[Int8KVLayer(float_decode) for _ in range(config.num_hidden_layers)])
     raise ValueError(f"unknown KV format {kv!r}")
 
 

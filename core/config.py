@@ -7,6 +7,9 @@ from models.quantization import GROUP_SIZE, GROUP_SIZES, PRECISIONS
 from models.registry import DEFAULT_MODEL_ID, default_precision
 
 KV_FORMATS = ("bf16", "int8")
+DECODE_MODES = ("dense", "griffin", "griffin+caprese")
+"""Decode-step feed-forward: dense; GRIFFIN's per-prompt neuron selection (core.sparse_ff); GRIFFIN with Caprese's
+low-rank branches (core.caprese) giving back what the cut drops."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,12 @@ class EngineConfig:
     """Maximum tokens of prompt plus answer."""
     reasoning_adapter: str | None = None
     """Name of the reasoning adapter in the adapter library; None = the user's component or the shipped one."""
+    decode: str = "dense"
+    """Feed-forward of decode steps: 'dense', 'griffin' (GRIFFIN: the prompt picks the `ff_keep` share of each
+    layer's neurons with the strongest activations, and decoding runs only those; core.sparse_ff) or
+    'griffin+caprese' (plus the model's Caprese branches, at the share they were fitted for; core.caprese)."""
+    ff_keep: float = 0.5
+    """Share of feed-forward neurons GRIFFIN keeps (0 < ff_keep <= 1)."""
 
     def __post_init__(self):
         if self.precision is None:
@@ -83,6 +92,10 @@ class EngineConfig:
             raise ValueError("head_bits must be 4 or 8")
         if self.group_size not in GROUP_SIZES:
             raise ValueError(f"group_size must be one of {GROUP_SIZES}")
+        if self.decode not in DECODE_MODES:
+            raise ValueError(f"decode must be one of {DECODE_MODES}")
+        if not 0 < self.ff_keep <= 1:
+            raise ValueError("ff_keep must be in (0, 1]")
         if self.precision == "fp32" and self.kv == "int8":
             object.__setattr__(self, "kv", "bf16")
 

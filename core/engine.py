@@ -33,6 +33,7 @@ from .markers import ReasoningMarkers
 from .prompts import reasoning_system
 from .rows import Row, decode_rows, new_row
 from .sampling import make_generator
+from .sparse_ff import prefill_selection
 from .voting import extract_answer, vote
 
 MODES = ("auto", "reason", "base")
@@ -62,7 +63,8 @@ class Engine(AdapterChoice):
     """One loaded model, ready to answer."""
 
     def __init__(self, model, tokenizer, *, model_id: str, precision: str = "bf16", kv: str = "bf16",
-                 context: int = 8192, router=None, adapter_name: str | None = None):
+                 context: int = 8192, router=None, adapter_name: str | None = None, decode: str = "dense",
+                 ff_keep: float = 0.5):
         use_decode_attention(model)
         lean_layers.install(model)
         self.slots = AdapterSlots(model.eval(), adapter_name if adapters.is_adapted(model) else None)
@@ -72,6 +74,11 @@ class Engine(AdapterChoice):
         self.model_id = model_id
         self.precision = precision
         self.kv = kv
+        self.decode, self.ff_keep = decode, ff_keep
+        """Decode steps' feed-forward: 'dense', 'griffin' (each prompt's top `ff_keep` neurons, core.sparse_ff) or
+        'griffin+caprese' (with `caprese`'s low-rank branches, at the share they were fitted for)."""
+        self.caprese = None
+        """core.caprese.Branches of this model, when it has them."""
         self.context = min(context, int(getattr(model.config, "max_position_embeddings", context)))
         self.eos_ids = stop_token_ids(tokenizer)
         self.router = router
@@ -96,6 +103,14 @@ class Engine(AdapterChoice):
         prob = self.router.probability(hidden)
         return RouteDecision(prob >= self.router.threshold, prob, "switcher", time.perf_counter() - t)
 
+    def _scoring(self, cache, mask: torch.Tensor | None = None):
+        """Context for a request's prefill(s): with GRIFFIN decoding, the cache then carries the prompt's cut
+        feed-forward blocks (`mask`: the left-padded batch's attention mask)."""
+        mode, keep = self.decode, self.ff_keep
+        if mode == "griffin+caprese":
+            mode, keep = ("griffin", keep) if self.caprese is None else (mode, self.caprese.keep)
+        return prefill_selection(self.model, cache, mode, keep, mask, self.caprese)
+
     def open_prompt(self, ids: list[int], mode: str, cache) -> tuple[torch.Tensor, RouteDecision]:
         """The one base-model prefill every mode shares; returns the next-token logits (1, V) and the route.
 
@@ -105,7 +120,7 @@ class Engine(AdapterChoice):
         the prompt and the logits before `<think>` are used.
         """
         opener = list(self.markers.think_open) if mode != "base" else []
-        with self._base(), torch.inference_mode():
+        with self._base(), torch.inference_mode(), self._scoring(cache):
             out = self.model(input_ids=torch.tensor([ids + opener]), cache=cache, use_cache=True,
                              logits_to_keep=len(opener) + 1, output_hidden_states=mode == "auto")
         hidden = out.hidden_states[-1][:, : len(ids)] if mode == "auto" else None
@@ -229,12 +244,13 @@ class Engine(AdapterChoice):
         if len(ids) + len(thinking_ids) + 64 >= self.context:
             raise PromptTooLong("The conversation and its thinking no longer fit in this model's window.")
         cache = new_cache(self.model.config, self.kv)
-        with self._base(), torch.inference_mode():
-            self.model(input_ids=torch.tensor([ids + list(self.markers.think_open)]), cache=cache, use_cache=True,
-                       logits_to_keep=1)
-        if thinking_ids:
-            with self.slots.using(self.slots.reasoning), torch.inference_mode():
-                self.model(input_ids=torch.tensor([thinking_ids]), cache=cache, use_cache=True, logits_to_keep=1)
+        with self._scoring(cache):
+            with self._base(), torch.inference_mode():
+                self.model(input_ids=torch.tensor([ids + list(self.markers.think_open)]), cache=cache,
+                           use_cache=True, logits_to_keep=1)
+            if thinking_ids:
+                with self.slots.using(self.slots.reasoning), torch.inference_mode():
+                    self.model(input_ids=torch.tensor([thinking_ids]), cache=cache, use_cache=True, logits_to_keep=1)
         return cache, thinking_ids
 
     def _keep_row(self, key: str, row: Row, cache, ids: list[int], start_len: int, budget: int | None,
@@ -359,7 +375,7 @@ class Engine(AdapterChoice):
         mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in seqs])
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = new_cache(self.model.config, self.kv)
-        with self._base(), torch.inference_mode():
+        with self._base(), torch.inference_mode(), self._scoring(cache, mask):
             logits = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, cache=cache,
                                 use_cache=True, logits_to_keep=1).logits[:, -1]
         think_limit, answer_limit = self._limits(width, reasoning, budget, answer_max_tokens, cfg)

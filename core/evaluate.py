@@ -15,7 +15,7 @@ from models.quantization import GROUP_SIZE, GROUP_SIZES, PRECISIONS
 
 from .cache import new_cache
 from .chat_format import DEFAULT_SYSTEM
-from .config import KV_FORMATS, EngineConfig, SamplingConfig
+from .config import DECODE_MODES, KV_FORMATS, EngineConfig, SamplingConfig
 from .datasets import load_items
 from .decode import prefill
 from .events import DoneEvent
@@ -110,7 +110,8 @@ def summarize(engine, rows: list[dict], args, batch: int) -> dict:
            "mode": args.mode, "budget": args.budget, "parallel": args.parallel, "vote": args.vote,
            "temperature": args.temperature, "data": str(args.data), "model": engine.model_id,
            "system": args.system, "batch": batch, "precision": engine.precision, "kv": engine.kv,
-           "group_size": getattr(args, "group_size", None)}
+           "group_size": getattr(args, "group_size", None), "decode": engine.decode,
+           "ff_keep": engine.ff_keep if engine.decode != "dense" else None}
     if batch > 1:  # one prefill serves the whole batch: per-question TTFT is not measured
         out["mean_ttft_s"] = None
     if args.parallel > 1 and rows:
@@ -163,6 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv", choices=KV_FORMATS, default=EngineConfig().kv, help="KV cache format")
     p.add_argument("--group-size", type=int, choices=GROUP_SIZES, default=GROUP_SIZE, help="int4 group size")
     p.add_argument("--head-bits", type=int, choices=(4, 8), default=4, help="bits of the quantized LM head")
+    p.add_argument("--decode", choices=DECODE_MODES, default="dense",
+                   help="decode-step feed-forward: dense, or griffin (per-prompt sparse neurons)")
+    p.add_argument("--ff-keep", type=float, default=EngineConfig().ff_keep, help="share of neurons griffin keeps")
     p.add_argument("--system", default=None, help="system prompt (default: Ponder's); e.g. ask base mode for \\boxed{}")
     p.add_argument("--route-only", action="store_true", help="prefill + switcher only")
     p.add_argument("--expect", choices=("reason", "base"), help="with --route-only: the right decision for the file")
@@ -180,7 +184,8 @@ def main(argv=None) -> int:
         args.temperature = 0.0 if args.parallel == 1 else 0.7
     items = load_items(args.data, args.limit, args.offset)
     engine = load_engine(EngineConfig(model_id=args.model, precision=args.precision, kv=args.kv,
-                                      group_size=args.group_size, head_bits=args.head_bits), reasoning=True)
+                                      group_size=args.group_size, head_bits=args.head_bits, decode=args.decode,
+                                      ff_keep=args.ff_keep), reasoning=True)
     if args.route_only:
         if not args.expect:
             raise ValueError("--route-only needs --expect reason|base")

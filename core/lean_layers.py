@@ -5,7 +5,8 @@ seven linears), two deprecation wrappers and an attention-function lookup, and i
 `install(model)` gives each decoder layer a forward that, for one query token per row with no gradient, does
 the same computation directly: RMSNorm as torch's fused `rms_norm` on float32 (HF's formula), the projections'
 own forwards (quantized kernels, LoRA fast path), transformers' rotary function, the cache's `update` and
-`core.attention.decode_attention`. Prompts, training and anything unusual take transformers' forward. The
+`core.attention.decode_attention`, and the feed-forward block cut to the prompt's neurons when the cache
+carries a GRIFFIN selection (core.sparse_ff). Prompts, training and anything unusual take transformers' forward. The
 layer module itself is still called, so its hooks (hidden-state capture for the verifier) still run.
 """
 from __future__ import annotations
@@ -42,7 +43,14 @@ def _lean_forward(self, hidden_states: torch.Tensor, attention_mask=None, positi
     out, _ = decode_attention(attn, q, k, v, attention_mask, scaling=attn.scaling)
     hidden_states = hidden_states + attn.o_proj.forward(out.reshape(rows, 1, -1))
     x = rms_norm(hidden_states, self.post_attention_layernorm)
-    return hidden_states + mlp.down_proj.forward(mlp.act_fn(mlp.gate_proj.forward(x)) * mlp.up_proj.forward(x))
+    selection = getattr(cache, "ff_selection", None)  # GRIFFIN: this prompt's cut feed-forward (core.sparse_ff)
+    if selection is not None:
+        return hidden_states + selection.forward(attn.layer_idx, x, lambda h: _dense_ff(mlp, h))
+    return hidden_states + _dense_ff(mlp, x)
+
+
+def _dense_ff(mlp, x: torch.Tensor) -> torch.Tensor:
+    return mlp.down_proj.forward(mlp.act_fn(mlp.gate_proj.forward(x)) * mlp.up_proj.forward(x))
 
 
 def install(model) -> int:

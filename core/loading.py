@@ -19,7 +19,7 @@ from models.fpt import fpt_of, transform_head
 from models.fpt_calibration import quantize_w4_fpt
 from models.quantization import GROUP_SIZE, load_quantized, quant_info, quantize_model, save_quantized
 
-from . import adapters
+from . import adapters, caprese
 from .adapter_library import AdapterError, AdapterLibrary
 from .config import EngineConfig
 from .engine import Engine
@@ -130,7 +130,7 @@ def component_dirs(installed: InstalledModel, kind: str) -> list[Path]:
     found = []
     for base in (installed.folder / "components", resource_dir() / "components" / installed.id):
         folder = base / kind
-        if (folder / "adapter_model.safetensors").is_file() or (folder / "head.json").is_file():
+        if any((folder / f).is_file() for f in ("adapter_model.safetensors", "head.json", "caprese.safetensors")):
             found.append(folder)
     return found
 
@@ -213,7 +213,8 @@ def load_engine(cfg: EngineConfig | None = None, store: ModelStore | None = None
     set_threads(cfg.threads)
     tokenizer = load_tokenizer(installed.hf_dir)
     model = load_model(installed, cfg, progress)
-    engine = Engine(model, tokenizer, model_id=cfg.model_id, precision=cfg.precision, kv=cfg.kv, context=cfg.context)
+    engine = Engine(model, tokenizer, model_id=cfg.model_id, precision=cfg.precision, kv=cfg.kv, context=cfg.context,
+                    decode=cfg.decode, ff_keep=cfg.ff_keep)
     engine.base_fingerprint = adapters.base_fingerprint(installed.hf_dir)
     engine.warnings = warnings = []  # type: list[str]
     if reasoning:
@@ -229,5 +230,14 @@ def load_engine(cfg: EngineConfig | None = None, store: ModelStore | None = None
             note = other_weights_note(label, component.config.get("precision"), cfg.precision)
             if note:
                 warnings.append(note)
+        engine.caprese = load_component(installed, "caprese", lambda folder: caprese.load(folder, model), warnings,
+                                        "Caprese branches")
+        if engine.caprese is not None:
+            note = other_weights_note("Caprese branches", engine.caprese.meta.get("precision"), cfg.precision)
+            if note:
+                warnings.append(note)
+    if cfg.decode == "griffin+caprese" and engine.caprese is None:
+        warnings.append("This model has no Caprese branches: decoding uses GRIFFIN alone (train them with "
+                        "`ponder train caprese`).")
     settle_heap()  # loading temporaries go back to the OS; the model's objects leave the GC's full collections
     return engine
