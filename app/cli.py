@@ -13,7 +13,7 @@ import threading
 import time
 from dataclasses import replace
 
-from core.config import KV_FORMATS, EngineConfig, SamplingConfig
+from core.config import DECODE_MODES, KV_FORMATS, EngineConfig, SamplingConfig
 from models.errors import InvalidModelId, ModelError
 from models.quantization import GROUP_SIZE, GROUP_SIZES, PRECISIONS
 from models.registry import DEFAULT_MODEL_ID, KNOWN_MODELS
@@ -99,6 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "for the embedded one)")
     ask.add_argument("--kv", choices=KV_FORMATS, default="int8", help="KV cache: bf16 or int8 (default)")
     ask.add_argument("--head-bits", type=int, choices=(4, 8), default=4, help="LM head bits for w4/w8 (default 4)")
+    ask.add_argument("--decode", choices=DECODE_MODES, default="dense",
+                     help="feed-forward of decode steps: dense (default), griffin (the prompt keeps half of each "
+                          "layer's neurons) or griffin+caprese (plus the model's low-rank recovery branches)")
     ask.add_argument("--group-size", type=int, choices=(32, 64, 128, 256), default=128,
                      help="w4: inputs per int4 scale; 32 is closer to bf16 and ~7%% slower (default 128)")
     ask.add_argument("--threads", type=whole(1, 1024), default=None, help="CPU threads (default: physical cores)")
@@ -214,7 +217,7 @@ def cmd_ask(args) -> int:
         max_tokens=args.max_tokens, seed=args.seed, stop=tuple(args.stop),
     )
     cfg = EngineConfig(model_id=args.model, precision=args.precision, kv=args.kv, head_bits=args.head_bits,
-                       group_size=args.group_size,
+                       group_size=args.group_size, decode=args.decode,
                        threads=args.threads)
     card = None
     if args.adapter is not None:

@@ -219,6 +219,22 @@ class EngineService(QObject):
         self.config = replace(self.config, threads=threads)
         return await asyncio.get_running_loop().run_in_executor(self._executor, set_threads, threads)
 
+    async def set_decode(self, decode: str) -> str | None:
+        """Decode with `decode` ('dense', 'griffin', 'griffin+caprese') from the next request on; returns a note
+        for the user when the model cannot do it as asked (no Caprese branches: GRIFFIN alone)."""
+        self.config = replace(self.config, decode=decode)
+
+        def apply() -> str | None:
+            engine = self.worker.engine
+            if engine is None:
+                return None
+            engine.decode = decode
+            if decode == "griffin+caprese" and engine.caprese is None:
+                return "This model has no Caprese branches: decoding uses GRIFFIN alone."
+            return None
+
+        return await asyncio.get_running_loop().run_in_executor(self._executor, apply)
+
     def _unload(self) -> None:
         """On the engine thread: drop the old weights before the new ones load."""
         self.worker.engine = None

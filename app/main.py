@@ -62,6 +62,7 @@ def run_gui() -> int:
     apply_theme(settings.theme, app)
     follow_system(app)
     service = EngineService(EngineConfig(model_id=settings.model_id, threads=settings.threads or None,
+                                         decode=settings.decode,
                                          reasoning_adapter=settings.reasoning_adapters.get(settings.model_id)))
     controller = ChatController(service, store)
     window = MainWindow(service, controller, ModelService(active_id=settings.model_id))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
 
-from core.config import SamplingConfig
+from core.config import DECODE_MODES, SamplingConfig
 from models.errors import InvalidModelId
 from models.registry import DEFAULT_MODEL_ID, validate_model_id
 
@@ -18,6 +18,14 @@ BUDGET_CHOICES = (128, 256, 512, 1024, None)
 FONT_SIZES = (8, 32)
 """Smallest and largest transcript/composer font size, in points."""
 SETTINGS_KEY = "app_settings"
+DECODE_CHOICES = {  # setting -> (label, the one-line explanation the settings dialog shows)
+    "dense": ("Dense (every neuron)", "Every feed-forward neuron on every token: the reference."),
+    "griffin": ("GRIFFIN (half the feed-forward)",
+                "Each prompt picks the half of each layer's feed-forward neurons it uses most; answers then "
+                "read less memory per token. Math answers lose accuracy (see README: Efficient decode)."),
+    "griffin+caprese": ("GRIFFIN + Caprese",
+                        "GRIFFIN plus small low-rank branches trained to give back what the cut drops."),
+}
 
 
 @dataclass(frozen=True)
@@ -53,6 +61,9 @@ class AppSettings:
     """Point size of the transcript and the composer (View ▸ Bigger / Smaller text, Ctrl+= / Ctrl+− / Ctrl+0)."""
     enter_sends: bool = False
     """Enter sends the message (Shift+Enter: a new line); off: Enter is a new line. Ctrl+Enter always sends."""
+    decode: str = "dense"
+    """Efficient decode: 'dense', 'griffin' (each prompt keeps half the feed-forward neurons) or
+    'griffin+caprese' (plus the model's low-rank recovery branches); core.sparse_ff, core.caprese."""
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -67,6 +78,8 @@ class AppSettings:
             raise ValueError("threads must be between 0 (automatic) and 256")
         if not isinstance(self.serve, bool):
             raise ValueError("serve must be true or false")
+        if self.decode not in DECODE_MODES:
+            raise ValueError(f"decode must be one of {DECODE_MODES}")
         if not isinstance(self.enter_sends, bool):
             raise ValueError("enter_sends must be true or false")
         if (isinstance(self.font_size, bool) or not isinstance(self.font_size, int)

@@ -156,8 +156,15 @@ class MainWindow(QMainWindow, AdapterActions, ShellActions):
         if new.threads != old.threads:
             self.spawn(self.service.set_threads(new.threads or None))
         self.status.setText("Settings saved.")
+        if new.decode != old.decode:
+            self.spawn(self._apply_decode(new.decode))
         if (new.serve, new.serve_port) != (old.serve, old.serve_port):
             self.apply_server(new)
+
+    async def _apply_decode(self, decode: str) -> None:
+        note = await self.service.set_decode(decode)
+        if note:
+            self.status.setText(note)
 
     def apply_server(self, s: AppSettings) -> None:
         """Start or stop the local OpenAI server on the window's engine (its requests queue with the window's)."""

@@ -1,4 +1,4 @@
-"""Settings: defaults for new messages (mode, budget, parallel answers), sampling, threads, theme, text size,
+"""Settings: defaults for new messages (mode, budget, parallel answers), sampling, threads, efficient decode, theme, text size,
 Enter-to-send, the local OpenAI server switch, and where Ponder keeps its data. Edits an
 `app.settings.AppSettings`; persisting and applying it is the window's job."""
 from __future__ import annotations
@@ -26,7 +26,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.settings import FONT_SIZES, AppSettings
+from app.settings import DECODE_CHOICES, FONT_SIZES, AppSettings
 
 from .composer import BUDGETS, MODE_LABELS
 
@@ -74,6 +74,10 @@ class SettingsDialog(QDialog):
         self.serve_port = QSpinBox(minimum=1024, maximum=65535)
         self.serve_port.setEnabled(False)
         self.serve.toggled.connect(self.serve_port.setEnabled)
+        self.decode = _combo({key: label for key, (label, _) in DECODE_CHOICES.items()})
+        self.decode_note = QLabel(wordWrap=True)
+        self.decode.currentIndexChanged.connect(
+            lambda: self.decode_note.setText(DECODE_CHOICES[self.decode.currentData()][1]))
         self._model_id = settings.model_id
 
         defaults = QFormLayout()
@@ -90,6 +94,8 @@ class SettingsDialog(QDialog):
         sampling.addRow("Answer length cap (tokens)", self.answer_max_tokens)
         system = QFormLayout()
         system.addRow("Compute threads", self.threads)
+        system.addRow("Efficient decode", self.decode)
+        system.addRow("", self.decode_note)
         system.addRow("Theme", self.theme)
         system.addRow("Text size", self.font_size)
         server = QHBoxLayout()
@@ -134,6 +140,8 @@ class SettingsDialog(QDialog):
         self.repetition_penalty.setValue(s.repetition_penalty)
         self.answer_max_tokens.setValue(s.answer_max_tokens)
         self.threads.setValue(min(s.threads, self.threads.maximum()))
+        self.decode.setCurrentIndex(self.decode.findData(s.decode))
+        self.decode_note.setText(DECODE_CHOICES[s.decode][1])
         self.theme.setCurrentIndex(self.theme.findData(s.theme))
         self.font_size.setValue(s.font_size)
         self.enter_sends.setChecked(s.enter_sends)
@@ -151,7 +159,7 @@ class SettingsDialog(QDialog):
                        answer_max_tokens=self.answer_max_tokens.value(), threads=self.threads.value(),
                        theme=self.theme.currentData(), serve=self.serve.isChecked(),
                        serve_port=self.serve_port.value(), font_size=self.font_size.value(),
-                       enter_sends=self.enter_sends.isChecked())
+                       enter_sends=self.enter_sends.isChecked(), decode=self.decode.currentData())
 
     @classmethod
     def ask(cls, parent, settings: AppSettings, data_dir: Path) -> AppSettings | None:

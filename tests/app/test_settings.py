@@ -19,6 +19,7 @@ def test_bad_stored_values_fall_back_to_defaults_one_by_one():
     assert (s.mode, s.budget, s.parallel, s.temperature) == (d.mode, d.budget, d.parallel, d.temperature)
     assert s.theme == "dark" and s.top_p == 0.5
     assert from_dict(None) == d and from_dict(["not", "a", "dict"]) == d
+    assert from_dict({"decode": "sparse-ish"}).decode == "dense" and from_dict({"decode": "griffin"}).decode == "griffin"
 
 
 def test_invalid_settings_are_refused_with_a_reason():

@@ -169,3 +169,29 @@ def test_settings_dialog_round_trip(qtbot, tmp_path):
     got = dialog.settings()
     assert (got.mode, got.budget, got.threads, got.theme, got.top_p, got.model_id) == ("base", None, 1, "dark", 0.5, "m")
     assert str(tmp_path) in dialog.data_label.text()
+
+
+def test_efficient_decode_setting_reaches_the_engine(window, loop, reasoning_engine):
+    from dataclasses import replace
+
+    try:
+        window.apply_settings(replace(window.settings, decode="griffin"))
+        assert run_until(loop, lambda: reasoning_engine.decode == "griffin")
+        reply = send(window, loop, "Say hi", mode="base")
+        assert reply.meta["tokens"] > 0 and reasoning_engine.last_cache.ff_selection is not None
+        window.apply_settings(replace(window.settings, decode="griffin+caprese"))  # the tiny model has no branches
+        assert run_until(loop, lambda: "no Caprese branches" in window.status.text())
+    finally:
+        window.apply_settings(replace(window.settings, decode="dense"))
+        assert run_until(loop, lambda: reasoning_engine.decode == "dense")
+
+
+def test_settings_dialog_explains_the_decode_choice(qtbot, tmp_path):
+    from app.settings import DECODE_CHOICES, AppSettings
+    from ui.settings_dialog import SettingsDialog
+
+    dialog = SettingsDialog(AppSettings(model_id="m", decode="griffin"), tmp_path)
+    qtbot.addWidget(dialog)
+    assert dialog.settings().decode == "griffin" and dialog.decode_note.text() == DECODE_CHOICES["griffin"][1]
+    dialog.decode.setCurrentIndex(dialog.decode.findData("dense"))
+    assert dialog.settings().decode == "dense" and dialog.decode_note.text() == DECODE_CHOICES["dense"][1]
