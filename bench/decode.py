@@ -32,11 +32,14 @@ PONDER_SYSTEMS = {  # name: (precision, kv, head_bits, int4 group size)
     "ponder_w4fpt_kvbf16": ("w4-fpt", "bf16", 4, 128),
     "ponder_w4fpt_a16kv8": ("w4-fpt", "int8", 4, 128),
 }
-DEFAULT_SYSTEM = "ponder_w4a16kv8"
+DEFAULT_SYSTEM = "ponder_w4fpt_a16kv8"
+"""The app's default for the embedded model: W4-FPT weights, bf16 activations, int8 KV (W4A16KV8)."""
 DEFAULT_MODEL = "qwen2.5-coder-0.5b-instruct"
 VARIANTS = {  # the default system run another way: name → what it measures
     "ponder_w4a16kv8_reason": "decode under the reasoning adapter (Reason mode's thinking tokens)",
     "ponder_w4a16kv8_parallel8": "8 answers from one prefill, aggregate tokens/s",
+    "griffin": "GRIFFIN: the prompt keeps half of each layer's feed-forward neurons (selection inside TTFT)",
+    "griffin_caprese": "GRIFFIN plus the model's Caprese low-rank branches",
 }
 LONG_PROMPTS = (512, 2048)
 """Prompt lengths whose time to first token is measured for the default system and llama.cpp."""
@@ -97,8 +100,9 @@ def run_ponder(name: str, model_id: str, tokens: int, runs: int) -> dict:
 
     variant = name if name in VARIANTS else None
     precision, kv, head_bits, group = PONDER_SYSTEMS[DEFAULT_SYSTEM if variant else name]
+    decode = {"griffin": "griffin", "griffin_caprese": "griffin+caprese"}.get(variant, "dense")
     engine = load_engine(EngineConfig(model_id=model_id, precision=precision, kv=kv, head_bits=head_bits,
-                                      group_size=group),  # the plain base model: what llama.cpp and HF run too
+                                      group_size=group, decode=decode),  # the base model, as llama.cpp and HF run
                          reasoning=variant == "ponder_w4a16kv8_reason")
     cfg = SamplingConfig(temperature=0, repetition_penalty=1.0, max_tokens=tokens, ignore_eos=True)
     if variant == "ponder_w4a16kv8_reason":
@@ -271,9 +275,11 @@ def summarize(systems: dict) -> dict:
         "w4a16kv8_vs_hf_bf16": ratio(ours.get("decode_tok_s"), ok.get("hf_bf16", {}).get("decode_tok_s")),
         "w4a16kv8_vs_llama_cpp": ratio(ours.get("decode_tok_s"), llama["decode_tok_s"]) if llama else None,
         "kv_int8_vs_bf16_bytes": ratio(ours.get("kv_bytes_per_token"),
-                                       ok.get("ponder_w4_kvbf16", {}).get("kv_bytes_per_token")),
+                                       ok.get("ponder_w4fpt_kvbf16", {}).get("kv_bytes_per_token")),
         "parallel8_vs_1": ratio(ok.get("ponder_w4a16kv8_parallel8", {}).get("decode_tok_s"), ours.get("decode_tok_s")),
         "reason_vs_base": ratio(ok.get("ponder_w4a16kv8_reason", {}).get("decode_tok_s"), ours.get("decode_tok_s")),
+        "griffin_vs_dense": ratio(ok.get("griffin", {}).get("decode_tok_s"), ours.get("decode_tok_s")),
+        "griffin_caprese_vs_dense": ratio(ok.get("griffin_caprese", {}).get("decode_tok_s"), ours.get("decode_tok_s")),
     }
     for n in LONG_PROMPTS:
         ratios[f"ttft_{n}_vs_llama_cpp"] = ratio(ours.get(f"ttft_{n}_s"), (llama or {}).get(f"ttft_{n}_s"))

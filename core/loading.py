@@ -230,6 +230,7 @@ def load_engine(cfg: EngineConfig | None = None, store: ModelStore | None = None
             note = other_weights_note(label, component.config.get("precision"), cfg.precision)
             if note:
                 warnings.append(note)
+    if reasoning or cfg.decode == "griffin+caprese":
         engine.caprese = load_component(installed, "caprese", lambda folder: caprese.load(folder, model), warnings,
                                         "Caprese branches")
         if engine.caprese is not None:
