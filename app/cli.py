@@ -101,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("--head-bits", type=int, choices=(4, 8), default=4, help="LM head bits for w4/w8 (default 4)")
     ask.add_argument("--decode", choices=DECODE_MODES, default="dense",
                      help="feed-forward of decode steps: dense (default), griffin (the prompt keeps half of each "
-                          "layer's neurons) or griffin+caprese (plus the model's low-rank recovery branches)")
+                          "layer's neurons), cats (weak activations zeroed), +caprese (plus low-rank recovery)")
     ask.add_argument("--group-size", type=int, choices=(32, 64, 128, 256), default=128,
                      help="w4: inputs per int4 scale; 32 is closer to bf16 and ~7%% slower (default 128)")
     ask.add_argument("--threads", type=whole(1, 1024), default=None, help="CPU threads (default: physical cores)")
@@ -143,8 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
     tsub.add_parser("sft", help="reasoning LoRA adapter by masked SFT (run `ponder train sft --help`)", add_help=False)
     tsub.add_parser("rl", help="budget-forcing RL of a reasoning adapter (run `ponder train rl --help`)",
                     add_help=False)
-    tsub.add_parser("caprese", help="low-rank branches that recover GRIFFIN's sparse decoding (`--help`)",
+    tsub.add_parser("caprese", help="low-rank branches that recover sparse decoding's accuracy (`--help`)",
                     add_help=False)
+    tsub.add_parser("cats", help="calibrate CATS's per-layer activation thresholds (`--help`)", add_help=False)
     tsub.add_parser("switcher", help="the reasoning-needed classifier head", add_help=False)
     tsub.add_parser("verifier", help="the answer-correctness head", add_help=False)
     sub.add_parser("eval", help="accuracy, tokens and latency on a GSM8K/MATH file (`ponder eval --help`)",
@@ -426,13 +427,14 @@ def cmd_serve(args) -> int:
 
 
 def cmd_train(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("sft", "rl", "caprese", "switcher", "verifier"):
-        print("ponder train: choose what to train: sft, rl, caprese, switcher or verifier", file=sys.stderr)
+    if not argv or argv[0] not in ("sft", "rl", "caprese", "cats", "switcher", "verifier"):
+        print("ponder train: choose what to train: sft, rl, caprese, cats, switcher or verifier", file=sys.stderr)
         return 2
-    if argv[0] == "caprese":
+    if argv[0] in ("caprese", "cats"):
         from core.caprese import main as caprese_main
+        from core.cats import main as cats_main
 
-        return caprese_main(argv[1:])
+        return (caprese_main if argv[0] == "caprese" else cats_main)(argv[1:])
     if argv[0] == "rl":
         from core.rl import main as rl_main
 

@@ -229,9 +229,7 @@ class EngineService(QObject):
             if engine is None:
                 return None
             engine.decode = decode
-            if decode == "griffin+caprese" and engine.caprese is None:
-                return "This model has no Caprese branches: decoding uses GRIFFIN alone."
-            return None
+            return engine.missing_for_decode()
 
         return await asyncio.get_running_loop().run_in_executor(self._executor, apply)
 

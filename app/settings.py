@@ -25,6 +25,10 @@ DECODE_CHOICES = {  # setting -> (label, the one-line explanation the settings d
                 "read less memory per token. Math answers lose accuracy (see README: Efficient decode)."),
     "griffin+caprese": ("GRIFFIN + Caprese",
                         "GRIFFIN plus small low-rank branches trained to give back what the cut drops."),
+    "cats": ("CATS (threshold weak activations)",
+             "Zeroes each token's weakest feed-forward activations. No faster here (the CPU kernels read every "
+             "weight): offered to compare accuracy."),
+    "cats+caprese": ("CATS + Caprese", "CATS plus low-rank branches trained to give back what it drops."),
 }
 
 

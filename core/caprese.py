@@ -26,7 +26,7 @@ from torch.nn import functional as F
 
 from models.fpt import fpt_of, invert, left, module_maps, right
 
-from .sparse_ff import Scorer, _layers
+from .sparse_ff import SparsePlan, _layers, prefill_selection
 
 WEIGHTS_FILE = "caprese.safetensors"
 META_FILE = "caprese.json"
@@ -85,9 +85,10 @@ def fit(m: Moments, rank: int, ridge: float = 1e-4) -> tuple[torch.Tensor, torch
     return (u.t() @ w).float(), u.float()
 
 
-def collect(engine, examples, keep: float, report=lambda i, n: None) -> list[Moments]:
-    """Per-layer sums of (x, FF_dense(x) − FF_cut(x)) over the response tokens of `examples` (SftExample), each
-    sequence cut by its own prompt's GRIFFIN selection, the reasoning adapter on for the response."""
+def collect(engine, examples, plan: SparsePlan, report=lambda i, n: None) -> list[Moments]:
+    """Per-layer sums of (x, FF_dense(x) − FF_sparse(x)) over the response tokens of `examples` (SftExample), the
+    sparse blocks those `plan` gives the sequence (GRIFFIN: cut by its own prompt), the reasoning adapter on for
+    the response."""
     from .cache import new_cache
     from .sft_data import encode_example
 
@@ -96,10 +97,9 @@ def collect(engine, examples, keep: float, report=lambda i, n: None) -> list[Mom
     for n, ex in enumerate(examples):
         prompt, response = encode_example(engine.tokenizer, ex)
         cache = new_cache(model.config, "bf16")
-        scorer = Scorer(keep)
-        with engine._base(), torch.inference_mode(), scorer.collect(model):
+        with engine._base(), torch.inference_mode(), prefill_selection(model, cache, plan):
             model(input_ids=torch.tensor([prompt]), cache=cache, use_cache=True, logits_to_keep=1)
-        blocks = scorer.build(model).blocks[0]
+        blocks = cache.ff_selection.blocks[0]
         handles = [layer.mlp.register_forward_hook(_recorder(moments[i], blocks[i]))
                    for i, layer in enumerate(layers) if blocks[i] is not None]
         try:
@@ -166,27 +166,29 @@ def load(folder: Path, model) -> Branches:
     return Branches(up, down, meta)
 
 
-def train(engine, train_examples, dev_examples, *, rank: int, keep: float, report=print) -> tuple[Branches, dict]:
-    """Fit rank-`rank` branches for GRIFFIN at `keep` on `train_examples`; measure on `dev_examples`."""
+def train(engine, train_examples, dev_examples, *, rank: int, plan: SparsePlan, report=print
+          ) -> tuple[Branches, dict]:
+    """Fit rank-`rank` branches for the sparse blocks of `plan` on `train_examples`; measure on `dev_examples`."""
     t = time.perf_counter()
-    train_m = collect(engine, train_examples, keep, lambda i, n: report(f"train sequence {i}/{n}"))
-    dev_m = collect(engine, dev_examples, keep, lambda i, n: report(f"dev sequence {i}/{n}")) if dev_examples else []
+    train_m = collect(engine, train_examples, plan, lambda i, n: report(f"train sequence {i}/{n}"))
+    dev_m = collect(engine, dev_examples, plan, lambda i, n: report(f"dev sequence {i}/{n}")) if dev_examples else []
     up, down, per_layer = [], [], []
     for i, m in enumerate(train_m):
         r, low = fit(m, rank)
         up.append(r.to(torch.bfloat16))
         down.append(low.to(torch.bfloat16))
         w = low @ r
-        row = {"layer": i, "train_error_griffin": m.error(None), "train_error_caprese": m.error(w)}
+        row = {"layer": i, "train_error_sparse": m.error(None), "train_error_caprese": m.error(w)}
         if dev_m:
-            row.update(dev_error_griffin=dev_m[i].error(None), dev_error_caprese=dev_m[i].error(w))
+            row.update(dev_error_sparse=dev_m[i].error(None), dev_error_caprese=dev_m[i].error(w))
         per_layer.append(row)
     stats = {"layers": per_layer, "train_tokens": train_m[0].tokens, "dev_tokens": dev_m[0].tokens if dev_m else 0,
              "seconds": round(time.perf_counter() - t, 1)}
-    for key in ("train_error_griffin", "train_error_caprese", "dev_error_griffin", "dev_error_caprese"):
+    for key in ("train_error_sparse", "train_error_caprese", "dev_error_sparse", "dev_error_caprese"):
         if per_layer and key in per_layer[0]:
             stats["mean_" + key] = sum(r[key] for r in per_layer) / len(per_layer)
-    meta = {"rank": rank, "ff_keep": keep, "precision": engine.precision, "model": engine.model_id,
+    meta = {"rank": rank, "sparse": plan.kind, "ff_keep": plan.keep if plan.kind == "griffin" else None,
+            "precision": engine.precision, "model": engine.model_id,
             "method": "layer-wise reduced-rank least squares on teacher inputs (closed form)", **stats}
     return Branches(up, down, meta), meta
 
@@ -209,6 +211,7 @@ def main(argv=None) -> int:
     p.add_argument("--examples", type=int, default=256, help="training sequences")
     p.add_argument("--dev", type=int, default=32, help="further sequences the fit is measured on")
     p.add_argument("--rank", type=int, default=128)
+    p.add_argument("--sparse", choices=("griffin", "cats"), default="griffin", help="the sparsity to recover")
     p.add_argument("--keep", type=float, default=0.5, help="GRIFFIN's share of kept neurons the branches recover")
     p.add_argument("--model", default=EngineConfig().model_id)
     p.add_argument("--precision", default=None, help="weights (default: the model's, as the app serves it)")
@@ -219,17 +222,23 @@ def main(argv=None) -> int:
     if missing:
         p.error(f"no such data file: {', '.join(missing)}")
     engine = load_engine(EngineConfig(model_id=args.model, precision=args.precision), reasoning=True)
+    if args.sparse == "cats" and engine.cats is None:
+        p.error("this model has no CATS calibration: run `ponder train cats` first")
+    plan = SparsePlan("griffin", keep=args.keep) if args.sparse == "griffin" else SparsePlan(
+        "cats", thresholds=tuple(engine.cats["thresholds"]))
     if not 0 < args.rank <= engine.model.config.hidden_size:
         p.error(f"--rank must be between 1 and {engine.model.config.hidden_size}")
     examples = load_examples(args.data, args.examples + args.dev, seed=args.seed)
     train_ex, dev_ex = examples[: args.examples], examples[args.examples:]
-    print(f"Fitting rank-{args.rank} Caprese branches for GRIFFIN at {args.keep:.0%} on {len(train_ex)} sequences "
+    what = f"GRIFFIN at {args.keep:.0%}" if args.sparse == "griffin" else "CATS"
+    print(f"Fitting rank-{args.rank} Caprese branches for {what} on {len(train_ex)} sequences "
           f"({len(dev_ex)} held out), {engine.model_id} at {engine.precision}", flush=True)
-    branches, meta = train(engine, train_ex, dev_ex, rank=args.rank, keep=args.keep,
+    branches, meta = train(engine, train_ex, dev_ex, rank=args.rank, plan=plan,
                            report=lambda line: print(line, file=sys.stderr, flush=True))
     meta["data"] = [str(f) for f in args.data]
     meta["seed"] = args.seed
-    out = args.out or ModelStore().get(args.model).folder / "components" / "caprese"
+    folder = "caprese" if args.sparse == "griffin" else "caprese-cats"
+    out = args.out or ModelStore().get(args.model).folder / "components" / folder
     save(branches, engine.model, out)
     print(json.dumps({k: v for k, v in meta.items() if k != "layers"}, indent=2))
     print(f"Saved to {out}")

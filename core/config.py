@@ -7,9 +7,10 @@ from models.quantization import GROUP_SIZE, GROUP_SIZES, PRECISIONS
 from models.registry import DEFAULT_MODEL_ID, default_precision
 
 KV_FORMATS = ("bf16", "int8")
-DECODE_MODES = ("dense", "griffin", "griffin+caprese")
-"""Decode-step feed-forward: dense; GRIFFIN's per-prompt neuron selection (core.sparse_ff); GRIFFIN with Caprese's
-low-rank branches (core.caprese) giving back what the cut drops."""
+DECODE_MODES = ("dense", "griffin", "griffin+caprese", "cats", "cats+caprese")
+"""Decode-step feed-forward: dense; GRIFFIN's per-prompt neuron selection (core.sparse_ff); CATS's per-layer
+activation threshold (core.cats); either with Caprese's low-rank branches (core.caprese) giving back what the
+sparsity drops."""
 
 
 @dataclass(frozen=True)
@@ -75,9 +76,10 @@ class EngineConfig:
     reasoning_adapter: str | None = None
     """Name of the reasoning adapter in the adapter library; None = the user's component or the shipped one."""
     decode: str = "dense"
-    """Feed-forward of decode steps: 'dense', 'griffin' (GRIFFIN: the prompt picks the `ff_keep` share of each
-    layer's neurons with the strongest activations, and decoding runs only those; core.sparse_ff) or
-    'griffin+caprese' (plus the model's Caprese branches, at the share they were fitted for; core.caprese)."""
+    """Feed-forward of decode steps: 'dense'; 'griffin' (GRIFFIN: the prompt picks the `ff_keep` share of each
+    layer's neurons with the strongest activations, and decoding runs only those; core.sparse_ff); 'cats' (the
+    model's calibrated thresholds zero weak activations; core.cats); '…+caprese' (plus the model's Caprese
+    branches for that sparsity, at the share they were fitted for; core.caprese)."""
     ff_keep: float = 0.5
     """Share of feed-forward neurons GRIFFIN keeps (0 < ff_keep <= 1)."""
 

@@ -33,7 +33,7 @@ from .markers import ReasoningMarkers
 from .prompts import reasoning_system
 from .rows import Row, decode_rows, new_row
 from .sampling import make_generator
-from .sparse_ff import prefill_selection
+from .sparse_ff import SparsePlan, missing_parts, plan_for, prefill_selection
 from .voting import extract_answer, vote
 
 MODES = ("auto", "reason", "base")
@@ -77,8 +77,10 @@ class Engine(AdapterChoice):
         self.decode, self.ff_keep = decode, ff_keep
         """Decode steps' feed-forward: 'dense', 'griffin' (each prompt's top `ff_keep` neurons, core.sparse_ff) or
         'griffin+caprese' (with `caprese`'s low-rank branches, at the share they were fitted for)."""
-        self.caprese = None
-        """core.caprese.Branches of this model, when it has them."""
+        self.caprese: dict = {}
+        """core.caprese.Branches of this model by the sparsity they recover ('griffin', 'cats')."""
+        self.cats: dict | None = None
+        """This model's CATS calibration (core.cats: `thresholds` per layer), when it has one."""
         self.context = min(context, int(getattr(model.config, "max_position_embeddings", context)))
         self.eos_ids = stop_token_ids(tokenizer)
         self.router = router
@@ -106,10 +108,15 @@ class Engine(AdapterChoice):
     def _scoring(self, cache, mask: torch.Tensor | None = None):
         """Context for a request's prefill(s): with GRIFFIN decoding, the cache then carries the prompt's cut
         feed-forward blocks (`mask`: the left-padded batch's attention mask)."""
-        mode, keep = self.decode, self.ff_keep
-        if mode == "griffin+caprese":
-            mode, keep = ("griffin", keep) if self.caprese is None else (mode, self.caprese.keep)
-        return prefill_selection(self.model, cache, mode, keep, mask, self.caprese)
+        return prefill_selection(self.model, cache, self.sparse_plan(), mask)
+
+    def sparse_plan(self) -> SparsePlan | None:
+        """What `decode` asks for, as far as this model has the parts (core.sparse_ff.plan_for)."""
+        return plan_for(self.decode, self.ff_keep, self.cats, self.caprese)
+
+    def missing_for_decode(self) -> str | None:
+        """A note for the user when `decode` asks for a part this model lacks."""
+        return missing_parts(self.decode, self.cats, self.caprese)
 
     def open_prompt(self, ids: list[int], mode: str, cache) -> tuple[torch.Tensor, RouteDecision]:
         """The one base-model prefill every mode shares; returns the next-token logits (1, V) and the route.

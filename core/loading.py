@@ -19,7 +19,7 @@ from models.fpt import fpt_of, transform_head
 from models.fpt_calibration import quantize_w4_fpt
 from models.quantization import GROUP_SIZE, load_quantized, quant_info, quantize_model, save_quantized
 
-from . import adapters, caprese
+from . import adapters, caprese, cats
 from .adapter_library import AdapterError, AdapterLibrary
 from .config import EngineConfig
 from .engine import Engine
@@ -130,7 +130,8 @@ def component_dirs(installed: InstalledModel, kind: str) -> list[Path]:
     found = []
     for base in (installed.folder / "components", resource_dir() / "components" / installed.id):
         folder = base / kind
-        if any((folder / f).is_file() for f in ("adapter_model.safetensors", "head.json", "caprese.safetensors")):
+        if any((folder / f).is_file() for f in ("adapter_model.safetensors", "head.json", "caprese.safetensors",
+                                                "cats.json")):
             found.append(folder)
     return found
 
@@ -200,6 +201,23 @@ def attach_reasoning(engine: Engine, cards, warnings: list[str]) -> None:
             warnings.append(msg)
 
 
+def attach_sparse_parts(engine: Engine, installed: InstalledModel, warnings: list[str]) -> None:
+    """The model's CATS calibration and Caprese branches (per sparsity), when it has them."""
+    layers = engine.model.config.num_hidden_layers
+    engine.cats = load_component(installed, "cats", lambda folder: cats.load(folder, layers), warnings,
+                                 "CATS calibration")
+    for kind, folder_name in (("griffin", "caprese"), ("cats", "caprese-cats")):
+        branches = load_component(installed, folder_name, lambda folder: caprese.load(folder, engine.model),
+                                  warnings, "Caprese branches")
+        if branches is not None:
+            engine.caprese[kind] = branches
+    for label, meta in [("CATS calibration", engine.cats)] + [
+            ("Caprese branches", b.meta) for b in engine.caprese.values()]:
+        note = other_weights_note(label, (meta or {}).get("precision"), engine.precision)
+        if note:
+            warnings.append(note)
+
+
 def load_engine(cfg: EngineConfig | None = None, store: ModelStore | None = None,
                 progress: Progress | None = None, reasoning: bool = True) -> Engine:
     """Everything needed to answer: check memory, load weights at the precision, wrap in an Engine, attach the
@@ -230,15 +248,10 @@ def load_engine(cfg: EngineConfig | None = None, store: ModelStore | None = None
             note = other_weights_note(label, component.config.get("precision"), cfg.precision)
             if note:
                 warnings.append(note)
-    if reasoning or cfg.decode == "griffin+caprese":
-        engine.caprese = load_component(installed, "caprese", lambda folder: caprese.load(folder, model), warnings,
-                                        "Caprese branches")
-        if engine.caprese is not None:
-            note = other_weights_note("Caprese branches", engine.caprese.meta.get("precision"), cfg.precision)
-            if note:
-                warnings.append(note)
-    if cfg.decode == "griffin+caprese" and engine.caprese is None:
-        warnings.append("This model has no Caprese branches: decoding uses GRIFFIN alone (train them with "
-                        "`ponder train caprese`).")
+    if reasoning or cfg.decode != "dense":
+        attach_sparse_parts(engine, installed, warnings)
+    note = engine.missing_for_decode()
+    if note:
+        warnings.append(note)
     settle_heap()  # loading temporaries go back to the OS; the model's objects leave the GC's full collections
     return engine

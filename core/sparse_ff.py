@@ -33,8 +33,6 @@ from torch.nn import functional as F
 
 from models.quantization import unpack_matches_kernel
 
-from .config import DECODE_MODES
-
 BLOCK = 64
 """Rows per block of torch's packed int4 CPU layout: kept neurons come in whole multiples of it."""
 CHUNK = 32
@@ -222,22 +220,23 @@ class FFSelection:
     runs dense), `rows[i]` = the prompt cache row i belongs to."""
 
     blocks: list[list[CutFF | None]]
-    rows: list[int]
+    rows: list[int] | None
+    """None: every row uses blocks[0] (one prompt, or a rule that is not per prompt such as CATS)."""
 
     def __deepcopy__(self, memo):  # a forked cache shares the (read-only) weights
-        return FFSelection(self.blocks, list(self.rows))
+        return FFSelection(self.blocks, None if self.rows is None else list(self.rows))
 
     def repeat(self, n: int) -> FFSelection:
-        return FFSelection(self.blocks, [g for g in self.rows for _ in range(n)])
+        return FFSelection(self.blocks, None if self.rows is None else [g for g in self.rows for _ in range(n)])
 
     def select(self, indices: torch.Tensor) -> FFSelection:
-        return FFSelection(self.blocks, [self.rows[i] for i in indices.tolist()])
+        return FFSelection(self.blocks, None if self.rows is None else [self.rows[i] for i in indices.tolist()])
 
     def forward(self, layer: int, x: torch.Tensor, dense) -> torch.Tensor:
         """The feed-forward output for x (B, 1, H), each row through its prompt's cut block (`dense(x)` where
         a layer has none)."""
-        first = self.rows[0]
-        if all(g == first for g in self.rows):
+        first = 0 if self.rows is None else self.rows[0]
+        if self.rows is None or all(g == first for g in self.rows):
             block = self.blocks[first][layer]
             return block(x) if block is not None else dense(x)
         out = None
@@ -302,16 +301,58 @@ class Scorer:
         return FFSelection(blocks, list(range(prompts)))
 
 
+@dataclass(frozen=True)
+class SparsePlan:
+    """How decode steps run the feed-forward: `kind` 'griffin' (per-prompt neurons, `keep` of them) or 'cats'
+    (per-layer `thresholds` on |SiLU(gate)|, core.cats), with Caprese `branches` beside each block or not."""
+
+    kind: str
+    keep: float = 0.5
+    thresholds: tuple[float, ...] | None = None
+    branches: object = None
+
+
 @contextlib.contextmanager
-def prefill_selection(model, cache, mode: str, keep: float, mask: torch.Tensor | None = None, branches=None):
-    """Run prefills inside this block; with `mode` 'griffin' the cache then carries their selection (and, with
-    'griffin+caprese', `branches` beside each cut block)."""
-    if mode == "dense":
+def prefill_selection(model, cache, plan: SparsePlan | None, mask: torch.Tensor | None = None):
+    """Run a request's prefills inside this block; with a plan, the cache then carries the decode steps' blocks
+    (GRIFFIN: the prompts' own cuts; CATS: the thresholded blocks, one for every row)."""
+    if plan is None:
         yield
         return
-    if mode not in DECODE_MODES:
-        raise ValueError(f"decode must be one of {DECODE_MODES}")
-    scorer = Scorer(keep, mask)
+    if plan.kind == "cats":
+        from .cats import CatsBlock
+
+        yield
+        blocks = [CatsBlock(layer.mlp, t, functools.partial(plan.branches, i) if plan.branches else None)
+                  for i, (layer, t) in enumerate(zip(_layers(model), plan.thresholds, strict=True))]
+        cache.ff_selection = FFSelection([blocks], None)
+        return
+    if plan.kind != "griffin":
+        raise ValueError(f"unknown sparse feed-forward {plan.kind!r}")
+    scorer = Scorer(plan.keep, mask)
     with scorer.collect(model):
         yield
-    cache.ff_selection = scorer.build(model, branches if mode == "griffin+caprese" else None)
+    cache.ff_selection = scorer.build(model, plan.branches)
+
+
+def plan_for(decode: str, keep: float, cats: dict | None, caprese: dict) -> SparsePlan | None:
+    """The plan for decode mode `decode` with the parts a model has: no CATS calibration means dense, no Caprese
+    branches for the sparsity means the sparse blocks alone; None for dense."""
+    kind, _, extra = decode.partition("+")
+    if kind == "dense" or (kind == "cats" and cats is None):
+        return None
+    branches = caprese.get(kind) if extra == "caprese" else None
+    if kind == "cats":
+        return SparsePlan("cats", thresholds=tuple(cats["thresholds"]), branches=branches)
+    return SparsePlan("griffin", keep=branches.keep if branches is not None else keep, branches=branches)
+
+
+def missing_parts(decode: str, cats: dict | None, caprese: dict) -> str | None:
+    """A note for the user when `decode` asks for a part the model lacks (what runs instead)."""
+    kind, _, extra = decode.partition("+")
+    if kind == "cats" and cats is None:
+        return "This model has no CATS calibration (`ponder train cats`): decoding is dense."
+    if extra == "caprese" and kind not in caprese:
+        name = "GRIFFIN" if kind == "griffin" else "CATS"
+        return f"This model has no Caprese branches for {name} (`ponder train caprese`): decoding uses {name} alone."
+    return None

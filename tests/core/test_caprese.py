@@ -81,11 +81,12 @@ def test_branches_move_between_the_original_and_the_fpt_basis(tmp_path):
 
 def test_trained_branches_cut_the_sparse_error_and_the_engine_decodes_with_them(tmp_path):
     engine = make_reasoning_engine()
-    branches, meta = caprese.train(engine, EXAMPLES[:2], EXAMPLES[2:], rank=16, keep=0.5, report=lambda _: None)
+    branches, meta = caprese.train(engine, EXAMPLES[:2], EXAMPLES[2:], rank=16, plan=sparse_ff.SparsePlan("griffin"),
+                                   report=lambda _: None)
     assert meta["rank"] == 16 and meta["ff_keep"] == 0.5 and meta["train_tokens"] > 0 and meta["dev_tokens"] > 0
-    assert meta["mean_train_error_caprese"] < meta["mean_train_error_griffin"]
+    assert meta["mean_train_error_caprese"] < meta["mean_train_error_sparse"]
     caprese.save(branches, engine.model, tmp_path / "caprese")
-    engine.caprese = caprese.load(tmp_path / "caprese", engine.model)
+    engine.caprese = {"griffin": caprese.load(tmp_path / "caprese", engine.model)}
     try:
         engine.decode = "griffin+caprese"
         answer = engine.generate("What is 2+2?", GREEDY, mode="reason", budget=4, answer_max_tokens=4)
@@ -95,4 +96,51 @@ def test_trained_branches_cut_the_sparse_error_and_the_engine_decodes_with_them(
         engine.generate("What is 2+2?", GREEDY, mode="reason", budget=4, answer_max_tokens=4)
         assert all(b.branch is None for b in engine.last_cache.ff_selection.blocks[0])
     finally:
-        engine.decode, engine.caprese = "dense", None
+        engine.decode, engine.caprese = "dense", {}
+
+
+def test_cats_thresholds_hit_the_target_sparsity_and_zero_is_dense():
+    from core import cats
+
+    torch.manual_seed(0)
+    samples = [torch.rand(10000), torch.rand(10000) * 4]
+    t = cats.thresholds_for(samples, 0.5)
+    assert abs(t[0] - 0.5) < 0.02 and abs(t[1] - 2.0) < 0.08
+    assert cats.thresholds_for(samples, 0) == [0.0, 0.0]
+    engine = make_reasoning_engine()
+    mlp = sparse_ff._layers(engine.model)[0].mlp
+    x = torch.randn(2, 1, 128, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        assert torch.equal(cats.CatsBlock(mlp, 0.0)(x), mlp(x))
+        h = mlp.act_fn(mlp.gate_proj(x)).abs().float()
+        half = float(h.flatten().kthvalue(h.numel() // 2).values)
+        block = cats.CatsBlock(mlp, half)
+        kept = mlp.act_fn(mlp.gate_proj(x)).masked_fill(h < half, 0)
+        assert abs((kept == 0).float().mean().item() - 0.5) < 0.02
+        torch.testing.assert_close(block(x), mlp.down_proj(kept * mlp.up_proj(x)))
+
+
+def test_cats_calibrated_and_recovered_in_the_engine(tmp_path):
+    from core import cats
+
+    engine = make_reasoning_engine()
+    thresholds = cats.calibrate(engine, EXAMPLES, 0.5)
+    assert len(thresholds) == 2 and all(t > 0 for t in thresholds)
+    cats.save(tmp_path / "cats", thresholds, {"sparsity": 0.5})
+    engine.cats = cats.load(tmp_path / "cats", 2)
+    plan = sparse_ff.SparsePlan("cats", thresholds=tuple(thresholds))
+    branches, meta = caprese.train(engine, EXAMPLES[:2], [], rank=8, plan=plan, report=lambda _: None)
+    assert meta["sparse"] == "cats" and meta["mean_train_error_caprese"] < meta["mean_train_error_sparse"]
+    engine.caprese = {"cats": branches}
+    try:
+        for decode, with_branch in (("cats", False), ("cats+caprese", True)):
+            engine.decode = decode
+            answer = engine.generate("What is 2+2?", GREEDY, mode="reason", budget=4, answer_max_tokens=4)
+            blocks = engine.last_cache.ff_selection.blocks[0]
+            assert answer.token_ids and all(isinstance(b, cats.CatsBlock) for b in blocks)
+            assert all((b.branch is not None) == with_branch for b in blocks)
+        list(engine.parallel("What is 2+2?", GREEDY, n=2, mode="reason", budget=3, answer_max_tokens=3))
+        engine.cats = None
+        assert engine.sparse_plan() is None and "no CATS calibration" in engine.missing_for_decode()
+    finally:
+        engine.decode, engine.caprese, engine.cats = "dense", {}, None

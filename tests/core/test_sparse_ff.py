@@ -49,7 +49,7 @@ def test_prefill_selection_keeps_the_highest_scoring_neurons(engine):
         lambda _m, args, i=i: seen.__setitem__(i, args[0].detach().clone())) for i, layer in enumerate(layers)]
     cache = sparse_ff_cache(engine)
     try:
-        with sparse_ff.prefill_selection(model, cache, "griffin", 0.25), torch.inference_mode():
+        with sparse_ff.prefill_selection(model, cache, sparse_ff.SparsePlan("griffin", keep=0.25)), torch.inference_mode():
             model(input_ids=torch.tensor([engine.prompt_ids("What is 17*23?")]), cache=cache, use_cache=True)
     finally:
         for h in hooks:

@@ -1,0 +1,145 @@
+"""CATS: a per-layer threshold on |SiLU(gate)| that zeroes the weakest feed-forward activations of each token.
+
+Calibration (algorithms.md B.2): over the response tokens of calibration text (math solutions and chat replies),
+layer ℓ's threshold t_ℓ is the `sparsity`-quantile of |SiLU(W_gate·x)|; at decode, h = SiLU(W_gate·x) with
+h[|h| < t_ℓ] = 0, and FF(x) = W_down·(h ⊙ W_up·x). Prefill stays dense. The paper turns the zeros into speed
+with a custom sparse GEMV; torch's packed int4 kernels on the CPU have none, so here CATS still reads every
+weight: it is offered to measure what the thresholding costs in accuracy (and what Caprese gives back), not
+for speed. Thresholds are saved per model as the `cats` component (cats.json), with the weights they were
+calibrated on.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+from torch.nn import functional as F
+
+from .sparse_ff import _layers
+
+META_FILE = "cats.json"
+SAMPLE = 1 << 20
+"""Activations kept per layer for the quantile (a uniform sample of all tokens × neurons)."""
+
+
+class CatsBlock:
+    """One layer's feed-forward with CATS's threshold, plus `branch(x)` (Caprese) when given."""
+
+    def __init__(self, mlp, threshold: float, branch=None):
+        self.mlp, self.threshold, self.branch = mlp, threshold, branch
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        mlp = self.mlp
+        h = mlp.act_fn(mlp.gate_proj(x))
+        h = h.masked_fill(h.abs() < self.threshold, 0)
+        out = mlp.down_proj(h * mlp.up_proj(x))
+        return out if self.branch is None else out + self.branch(x)
+
+
+def thresholds_for(samples: list[torch.Tensor], sparsity: float) -> list[float]:
+    """The `sparsity`-quantile of each layer's |SiLU(gate)| samples."""
+    if not 0 <= sparsity < 1:
+        raise ValueError("sparsity must be in [0, 1)")
+    out = []
+    for s in samples:
+        if sparsity == 0 or s.numel() == 0:
+            out.append(0.0)
+            continue
+        k = max(1, min(s.numel(), round(sparsity * s.numel())))
+        out.append(float(s.kthvalue(k).values))
+    return out
+
+
+def calibrate(engine, examples, sparsity: float, report=lambda i, n: None, seed: int = 0) -> list[float]:
+    """Per-layer thresholds from |SiLU(gate)| on the response tokens of `examples` (SftExample), run as in
+    Reason mode: the prompt by the base model, the response with the reasoning adapter."""
+    from .cache import new_cache
+    from .sft_data import encode_example
+
+    model, layers = engine.model, _layers(engine.model)
+    gen = torch.Generator().manual_seed(seed)
+    seen: list[list[torch.Tensor]] = [[] for _ in layers]
+    per_sequence = max(1, SAMPLE // max(1, len(examples)))
+
+    def recorder(i):
+        def hook(_module, _args, output):
+            a = F.silu(output.float()).abs().flatten()
+            pick = torch.randint(0, a.numel(), (min(per_sequence, a.numel()),), generator=gen)
+            seen[i].append(a[pick])
+        return hook
+
+    for n, ex in enumerate(examples):
+        prompt, response = encode_example(engine.tokenizer, ex)
+        cache = new_cache(model.config, "bf16")
+        with engine._base(), torch.inference_mode():
+            model(input_ids=torch.tensor([prompt]), cache=cache, use_cache=True, logits_to_keep=1)
+        handles = [layer.mlp.gate_proj.register_forward_hook(recorder(i)) for i, layer in enumerate(layers)]
+        try:
+            with engine.slots.using(engine.slots.reasoning), torch.inference_mode():
+                model(input_ids=torch.tensor([response]), cache=cache, use_cache=True, logits_to_keep=1)
+        finally:
+            for h in handles:
+                h.remove()
+        report(n + 1, len(examples))
+    return thresholds_for([torch.cat(s) if s else torch.empty(0) for s in seen], sparsity)
+
+
+def save(folder: Path, thresholds: list[float], meta: dict) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / (META_FILE + ".part")
+    tmp.write_text(json.dumps({**meta, "thresholds": thresholds}, indent=2))
+    tmp.replace(folder / META_FILE)
+    return folder
+
+
+def load(folder: Path, layers: int) -> dict:
+    """cats.json as saved; ValueError when it does not fit a model of `layers` layers."""
+    meta = json.loads((folder / META_FILE).read_text())
+    t = meta.get("thresholds")
+    if not isinstance(t, list) or len(t) != layers or not all(isinstance(v, int | float) and v >= 0 for v in t):
+        raise ValueError(f"{folder / META_FILE} holds no thresholds for {layers} layers")
+    return meta
+
+
+def main(argv=None) -> int:
+    """`ponder train cats`: calibrate the model's CATS thresholds and save them as its component."""
+    import argparse
+
+    from .config import EngineConfig
+    from .loading import load_engine
+    from .model_store import ModelStore
+    from .paths import resource_dir
+    from .sft_data import load_examples
+
+    data = resource_dir().parent.parent / "shared" / "data"
+    p = argparse.ArgumentParser(prog="ponder train cats", description=main.__doc__)
+    p.add_argument("--data", nargs="+", type=Path,
+                   default=[data / "gsm8k" / "train.jsonl", data / "math" / "train.jsonl"])
+    p.add_argument("--examples", type=int, default=128, help="calibration sequences")
+    p.add_argument("--sparsity", type=float, default=0.5, help="share of activations zeroed per layer")
+    p.add_argument("--model", default=EngineConfig().model_id)
+    p.add_argument("--precision", default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=None, help="folder (default: the model's own cats component)")
+    args = p.parse_args(argv)
+    missing = [str(f) for f in args.data if not Path(f).is_file()]
+    if missing:
+        p.error(f"no such data file: {', '.join(missing)}")
+    if not 0 < args.sparsity < 1:
+        p.error("--sparsity must be between 0 and 1")
+    t = time.perf_counter()
+    engine = load_engine(EngineConfig(model_id=args.model, precision=args.precision), reasoning=True)
+    examples = load_examples(args.data, args.examples, seed=args.seed + 1)
+    thresholds = calibrate(engine, examples, args.sparsity, seed=args.seed)
+    meta = {"sparsity": args.sparsity, "precision": engine.precision, "model": engine.model_id,
+            "examples": len(examples), "data": [str(f) for f in args.data], "seconds": round(time.perf_counter() - t, 1)}
+    out = save(args.out or ModelStore().get(args.model).folder / "components" / "cats", thresholds, meta)
+    print(json.dumps({**meta, "thresholds": [round(v, 4) for v in thresholds]}))
+    print(f"Saved to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
