@@ -26,7 +26,7 @@ from torch.nn import functional as F
 
 from models.fpt import fpt_of, invert, left, module_maps, right
 
-from .sparse_ff import SparsePlan, _layers, prefill_selection
+from .sparse_ff import SparsePlan, _layers, teacher_forced
 
 WEIGHTS_FILE = "caprese.safetensors"
 META_FILE = "caprese.json"
@@ -89,25 +89,16 @@ def collect(engine, examples, plan: SparsePlan, report=lambda i, n: None) -> lis
     """Per-layer sums of (x, FF_dense(x) − FF_sparse(x)) over the response tokens of `examples` (SftExample), the
     sparse blocks those `plan` gives the sequence (GRIFFIN: cut by its own prompt), the reasoning adapter on for
     the response."""
-    from .cache import new_cache
-    from .sft_data import encode_example
+    layers = _layers(engine.model)
+    moments = [Moments(engine.model.config.hidden_size) for _ in layers]
 
-    model, layers = engine.model, _layers(engine.model)
-    moments = [Moments(model.config.hidden_size) for _ in layers]
+    def hooks(selection):
+        blocks = selection.blocks[0]
+        return [layer.mlp.register_forward_hook(_recorder(moments[i], blocks[i]))
+                for i, layer in enumerate(layers) if blocks[i] is not None]
+
     for n, ex in enumerate(examples):
-        prompt, response = encode_example(engine.tokenizer, ex)
-        cache = new_cache(model.config, "bf16")
-        with engine._base(), torch.inference_mode(), prefill_selection(model, cache, plan):
-            model(input_ids=torch.tensor([prompt]), cache=cache, use_cache=True, logits_to_keep=1)
-        blocks = cache.ff_selection.blocks[0]
-        handles = [layer.mlp.register_forward_hook(_recorder(moments[i], blocks[i]))
-                   for i, layer in enumerate(layers) if blocks[i] is not None]
-        try:
-            with engine.slots.using(engine.slots.reasoning), torch.inference_mode():
-                model(input_ids=torch.tensor([response]), cache=cache, use_cache=True, logits_to_keep=1)
-        finally:
-            for h in handles:
-                h.remove()
+        teacher_forced(engine, ex, hooks, plan)
         report(n + 1, len(examples))
     return moments
 

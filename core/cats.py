@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
-from .sparse_ff import _layers
+from .sparse_ff import _layers, teacher_forced
 
 META_FILE = "cats.json"
 SAMPLE = 1 << 20
@@ -55,10 +55,7 @@ def thresholds_for(samples: list[torch.Tensor], sparsity: float) -> list[float]:
 def calibrate(engine, examples, sparsity: float, report=lambda i, n: None, seed: int = 0) -> list[float]:
     """Per-layer thresholds from |SiLU(gate)| on the response tokens of `examples` (SftExample), run as in
     Reason mode: the prompt by the base model, the response with the reasoning adapter."""
-    from .cache import new_cache
-    from .sft_data import encode_example
-
-    model, layers = engine.model, _layers(engine.model)
+    layers = _layers(engine.model)
     gen = torch.Generator().manual_seed(seed)
     seen: list[list[torch.Tensor]] = [[] for _ in layers]
     per_sequence = max(1, SAMPLE // max(1, len(examples)))
@@ -71,17 +68,8 @@ def calibrate(engine, examples, sparsity: float, report=lambda i, n: None, seed:
         return hook
 
     for n, ex in enumerate(examples):
-        prompt, response = encode_example(engine.tokenizer, ex)
-        cache = new_cache(model.config, "bf16")
-        with engine._base(), torch.inference_mode():
-            model(input_ids=torch.tensor([prompt]), cache=cache, use_cache=True, logits_to_keep=1)
-        handles = [layer.mlp.gate_proj.register_forward_hook(recorder(i)) for i, layer in enumerate(layers)]
-        try:
-            with engine.slots.using(engine.slots.reasoning), torch.inference_mode():
-                model(input_ids=torch.tensor([response]), cache=cache, use_cache=True, logits_to_keep=1)
-        finally:
-            for h in handles:
-                h.remove()
+        teacher_forced(engine, ex, lambda _selection: [layer.mlp.gate_proj.register_forward_hook(recorder(i))
+                                                      for i, layer in enumerate(layers)])
         report(n + 1, len(examples))
     return thresholds_for([torch.cat(s) if s else torch.empty(0) for s in seen], sparsity)
 

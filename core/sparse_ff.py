@@ -356,3 +356,23 @@ def missing_parts(decode: str, cats: dict | None, caprese: dict) -> str | None:
         name = "GRIFFIN" if kind == "griffin" else "CATS"
         return f"This model has no Caprese branches for {name} (`ponder train caprese`): decoding uses {name} alone."
     return None
+
+
+def teacher_forced(engine, example, hooks, plan: SparsePlan | None = None) -> None:
+    """Run one SftExample as Reason mode runs it — the prompt by the base model (with `plan`'s prefill hook), the
+    response with the reasoning adapter — with `hooks(selection)`'s forward hooks on during the response."""
+    from .cache import new_cache
+    from .sft_data import encode_example
+
+    model = engine.model
+    prompt, response = encode_example(engine.tokenizer, example)
+    cache = new_cache(model.config, "bf16")
+    with engine._base(), torch.inference_mode(), prefill_selection(model, cache, plan):
+        model(input_ids=torch.tensor([prompt]), cache=cache, use_cache=True, logits_to_keep=1)
+    handles = hooks(cache.ff_selection)
+    try:
+        with engine.slots.using(engine.slots.reasoning), torch.inference_mode():
+            model(input_ids=torch.tensor([response]), cache=cache, use_cache=True, logits_to_keep=1)
+    finally:
+        for h in handles:
+            h.remove()
