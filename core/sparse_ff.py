@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import time
 from dataclasses import dataclass
 
 import torch
@@ -222,6 +223,8 @@ class FFSelection:
     blocks: list[list[CutFF | None]]
     rows: list[int] | None
     """None: every row uses blocks[0] (one prompt, or a rule that is not per prompt such as CATS)."""
+    build_s: float = 0.0
+    """Seconds the cut blocks took to build (part of the time to first token)."""
 
     def __deepcopy__(self, memo):  # a forked cache shares the (read-only) weights
         return FFSelection(self.blocks, None if self.rows is None else list(self.rows))
@@ -332,7 +335,10 @@ def prefill_selection(model, cache, plan: SparsePlan | None, mask: torch.Tensor 
     scorer = Scorer(plan.keep, mask)
     with scorer.collect(model):
         yield
+    start = time.perf_counter()
     cache.ff_selection = scorer.build(model, plan.branches)
+    if cache.ff_selection is not None:
+        cache.ff_selection.build_s = time.perf_counter() - start
 
 
 def plan_for(decode: str, keep: float, cats: dict | None, caprese: dict) -> SparsePlan | None:
