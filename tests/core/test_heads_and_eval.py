@@ -96,3 +96,10 @@ def test_batched_greedy_evaluation_writes_as_it_goes(engine, tmp_path):
     saved = json.loads(args.out.read_text())
     assert out["n"] == saved["n"] == 3 and saved["partial"] is False and out["batch"] == 2
     assert [q["index"] for q in saved["questions"]] == [0, 1, 2]
+    assert out["decode"] == "dense" and out["ff_keep"] is None
+    engine.decode = "griffin"
+    try:  # sparse decoding is an engine setting the report names
+        out = evaluate(engine, load_items(data), args)
+        assert out["n"] == 3 and out["decode"] == "griffin" and out["ff_keep"] == engine.ff_keep
+    finally:
+        engine.decode = "dense"
