@@ -155,6 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
     bsub = bench.add_subparsers(dest="bench_command", metavar="BENCH")
     bsub.add_parser("quant", help="quantization fidelity, accuracy and speed per weight/KV format "
                                   "(`ponder bench quant --help`)", add_help=False)
+    bsub.add_parser("sparse", help="speed and accuracy of each efficient-decode mode (`ponder bench sparse --help`)",
+                    add_help=False)
     dec = bsub.add_parser("decode", help="decode speed, TTFT, memory: HF baselines vs Ponder vs llama.cpp")
     dec.add_argument("--json", action="store_true", help="print one JSON object")
     dec.add_argument("--tokens", type=whole(1), default=128)
@@ -454,6 +456,10 @@ def run_cli(argv: list[str]) -> int:
         from bench.quant import main as bench_quant
 
         return bench_quant(argv[2:])
+    if argv[:2] == ["bench", "sparse"]:  # owns its flags (also `python -m bench.sparse`)
+        from bench.sparse import main as bench_sparse
+
+        return bench_sparse(argv[2:])
     if argv and argv[0] in ("train", "eval"):  # these own their flags (also `python -m core.training` etc.)
         try:
             if argv[0] == "eval":

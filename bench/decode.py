@@ -41,7 +41,11 @@ VARIANTS = {  # the default system run another way: name → what it measures
     "ponder_w4a16kv8_parallel8": "8 answers from one prefill, aggregate tokens/s",
     "griffin": "GRIFFIN: the prompt keeps half of each layer's feed-forward neurons (selection inside TTFT)",
     "griffin_caprese": "GRIFFIN plus the model's Caprese low-rank branches",
+    "cats": "CATS: per-layer thresholds on |SiLU(gate)| zero half of the feed-forward activations (dense kernels)",
+    "cats_caprese": "CATS plus the model's Caprese low-rank branches fitted for CATS",
 }
+SPARSE_DECODE = {"griffin": "griffin", "griffin_caprese": "griffin+caprese", "cats": "cats", "cats_caprese": "cats+caprese"}
+"""The variants that decode with a sparse feed-forward: bench name → the engine's `decode` mode."""
 LONG_PROMPTS = (512, 2048)
 """Prompt lengths whose time to first token is measured for the default system and llama.cpp."""
 FILLER = ("The history of computing is a long story of people trying to make machines do arithmetic faster and "
@@ -117,10 +121,12 @@ def run_ponder(name: str, model_id: str, tokens: int, runs: int) -> dict:
 
     variant = name if name in VARIANTS else None
     precision, kv, head_bits, group = PONDER_SYSTEMS[DEFAULT_SYSTEM if variant else name]
-    decode = {"griffin": "griffin", "griffin_caprese": "griffin+caprese"}.get(variant, "dense")
+    decode = SPARSE_DECODE.get(variant, "dense")
     engine = load_engine(EngineConfig(model_id=model_id, precision=precision, kv=kv, head_bits=head_bits,
                                       group_size=group, decode=decode),  # the base model, as llama.cpp and HF run
                          reasoning=variant == "ponder_w4a16kv8_reason")
+    if decode != "dense" and engine.missing_for_decode():
+        raise SystemExit(engine.missing_for_decode())
     cfg = SamplingConfig(temperature=0, repetition_penalty=1.0, max_tokens=tokens, ignore_eos=True)
     if variant == "ponder_w4a16kv8_reason":
         if engine.adapter_name is None:
@@ -298,9 +304,9 @@ def summarize(systems: dict) -> dict:
                                        ok.get("ponder_w4fpt_kvbf16", {}).get("kv_bytes_per_token")),
         "parallel8_vs_1": ratio(ok.get("ponder_w4a16kv8_parallel8", {}).get("decode_tok_s"), ours.get("decode_tok_s")),
         "reason_vs_base": ratio(ok.get("ponder_w4a16kv8_reason", {}).get("decode_tok_s"), ours.get("decode_tok_s")),
-        "griffin_vs_dense": ratio(ok.get("griffin", {}).get("decode_tok_s"), ours.get("decode_tok_s")),
-        "griffin_caprese_vs_dense": ratio(ok.get("griffin_caprese", {}).get("decode_tok_s"), ours.get("decode_tok_s")),
     }
+    for name in SPARSE_DECODE:
+        ratios[f"{name}_vs_dense"] = ratio(ok.get(name, {}).get("decode_tok_s"), ours.get("decode_tok_s"))
     for n in LONG_PROMPTS:
         ratios[f"ttft_{n}_vs_llama_cpp"] = ratio(ours.get(f"ttft_{n}_s"), (llama or {}).get(f"ttft_{n}_s"))
     for key, sizes in ours.items():

@@ -109,6 +109,8 @@ def test_packed_int4_cuts_keep_the_same_int4_numbers():
         gate = sparse_ff.cut_rows(mlp.gate_proj, kept)
         assert gate.kind == "int4"
         assert torch.equal(gate(x), mlp.gate_proj(x)[..., kept])  # same int4 numbers, same kernel
+        scattered = torch.randperm(512)[:256].sort().values  # any rows, not only chosen ones
+        assert torch.equal(sparse_ff.cut_rows(mlp.up_proj, scattered)(x), mlp.up_proj(x)[..., scattered])
         block = sparse_ff.cut_layer(mlp, kept)
         assert block.down.kind == "int4" and block.down.group == sparse_ff.CHUNK
         want = masked_ff(mlp, x, kept)  # the full down kernel on an input zero outside `kept`
