@@ -1,7 +1,9 @@
 """Caprese: low-rank branches beside GRIFFIN's cut feed-forward blocks that give back what the cut drops.
 
 Per layer, a rank-r branch L·(R·x) runs beside the cut block (x: the block's input after the norm), so a decode
-step computes FF_cut(x) + L·R·x (algorithms.md B.3; the weights of the model stay as they are). Layer-wise
+step computes FF_cut(x) + L·R·x (algorithms.md B.3; the weights of the model stay as they are). Where the cut
+projections are bf16 the branch is folded into them (`sparse_ff.fold_branch`: R as more rows of up, L as more
+columns of down), so it costs no pass of its own; beside packed int4 ones it runs as two small bf16 passes. Layer-wise
 training: on teacher-forced math text, with each sequence's own GRIFFIN selection taken from its prompt (as at
 inference), the residual y = FF_dense(x) − FF_cut(x) of every response token is recorded, and L·R is the rank-r
 least-squares fit of y from x — in closed form rather than by SGD: with S_xx = Σ x·xᵀ and S_yx = Σ y·xᵀ, the

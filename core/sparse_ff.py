@@ -202,10 +202,40 @@ class CutFF:
 
     def __init__(self, gate: CutLinear, up: CutLinear, down: CutLinear, act, kept: torch.Tensor, branch=None):
         self.gate, self.up, self.down, self.act, self.kept, self.branch = gate, up, down, act, kept, branch
+        self.folded = 0
+        """Rank of a Caprese branch folded into up / down (`fold_branch`); 0: none."""
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.folded:  # up(x) ends with the branch's R·x, which down's last columns (L) read as they are
+            u = self.up(x)
+            r = self.folded
+            return self.down(torch.cat([self.act(self.gate(x)) * u[..., :-r], u[..., -r:]], dim=-1))
         out = self.down(self.act(self.gate(x)) * self.up(x))
         return out if self.branch is None else out + self.branch(x)
+
+
+def fold_branch(block: CutFF, up: torch.Tensor, down: torch.Tensor) -> bool:
+    """Fold a Caprese branch L·(R·x) (`up` = R (r, H), `down` = L (H, r)) into the cut block's own passes when its
+    up and down projections are bf16: R becomes r more output rows of up, L r more input columns of down, so one
+    down pass adds both and the branch costs no pass of its own (adapters get zero rows / columns there, so
+    they are unchanged). Packed int4 projections keep the branch beside them: folding would quantize it.
+    Returns whether it folded."""
+    u, d = block.up, block.down
+    if u.kind != "dense" or d.kind != "dense":
+        return False
+    r = up.shape[0]
+    up_lora = {name: (a, torch.cat([b, b.new_zeros(r, b.shape[1])]),
+                      None if b_bias is None else torch.cat([b_bias, b_bias.new_zeros(r)]), scaling)
+               for name, (a, b, b_bias, scaling) in u.lora.items()}
+    down_lora = {name: (torch.cat([a, a.new_zeros(a.shape[0], r)], dim=1), b, b_bias, scaling)
+                 for name, (a, b, b_bias, scaling) in d.lora.items()}
+    bias = None if u.bias is None else torch.cat([u.bias, u.bias.new_zeros(r)])
+    block.up = CutLinear("dense", torch.cat([u.weight, up.to(u.weight.dtype)]), bias=bias, peft=u.peft,
+                         lora=up_lora)
+    block.down = CutLinear("dense", torch.cat([d.weight, down.to(d.weight.dtype)], dim=1), bias=d.bias,
+                           peft=d.peft, lora=down_lora)
+    block.folded, block.branch = r, None
+    return True
 
 
 def cut_layer(mlp, kept: torch.Tensor) -> CutFF | None:
@@ -297,7 +327,8 @@ class Scorer:
                 n = kept_count(scores.numel(), self.keep)
                 kept = choose_neurons(scores, n, _packed_group(layer.mlp.down_proj))
                 block = None if n >= scores.numel() else cut_layer(layer.mlp, kept)
-                if block is not None and branches is not None:
+                if block is not None and branches is not None and not fold_branch(
+                        block, branches.up[i], branches.down[i]):
                     block.branch = functools.partial(branches, i)
                 per_layer.append(block)
             blocks.append(per_layer)

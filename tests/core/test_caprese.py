@@ -46,6 +46,25 @@ def test_a_zero_branch_is_the_sparse_block_exactly():
         assert torch.equal(block(x), plain)
 
 
+def test_a_folded_branch_equals_the_branch_beside_the_block():
+    engine = make_reasoning_engine()
+    mlp = sparse_ff._layers(engine.model)[1].mlp
+    kept = torch.arange(0, mlp.intermediate_size, 2)
+    torch.manual_seed(0)
+    hidden = mlp.hidden_size
+    branches = caprese.Branches([torch.randn(8, hidden).bfloat16() / 8], [torch.randn(hidden, 8).bfloat16() / 8])
+    beside, folded = sparse_ff.cut_layer(mlp, kept), sparse_ff.cut_layer(mlp, kept)
+    beside.branch = lambda h: branches(0, h)
+    assert sparse_ff.fold_branch(folded, branches.up[0], branches.down[0]) and folded.folded == 8
+    x = torch.randn(3, 1, hidden, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        for scope in (engine.slots.using(engine.slots.reasoning), engine._base()):  # the adapter on, then off
+            with scope:
+                want = beside(x)
+                torch.testing.assert_close(folded(x), want, atol=2e-2, rtol=2e-2)
+                assert not torch.allclose(want, beside.down(beside.act(beside.gate(x)) * beside.up(x)), atol=1e-3)
+
+
 def _with_branches(model, branches):
     layers = sparse_ff._layers(model)
     return [layer.mlp.register_forward_hook(lambda m, a, o, i=i: o + branches(i, a[0]).to(o.dtype))
@@ -91,10 +110,10 @@ def test_trained_branches_cut_the_sparse_error_and_the_engine_decodes_with_them(
         engine.decode = "griffin+caprese"
         answer = engine.generate("What is 2+2?", GREEDY, mode="reason", budget=4, answer_max_tokens=4)
         blocks = engine.last_cache.ff_selection.blocks[0]
-        assert answer.token_ids and all(b is not None and b.branch is not None for b in blocks)
+        assert answer.token_ids and all(b is not None and b.folded == 16 for b in blocks)  # bf16: folded in
         engine.decode = "griffin"
         engine.generate("What is 2+2?", GREEDY, mode="reason", budget=4, answer_max_tokens=4)
-        assert all(b.branch is None for b in engine.last_cache.ff_selection.blocks[0])
+        assert all(b.branch is None and not b.folded for b in engine.last_cache.ff_selection.blocks[0])
     finally:
         engine.decode, engine.caprese = "dense", {}
 

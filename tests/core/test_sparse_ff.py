@@ -115,6 +115,8 @@ def test_packed_int4_cuts_keep_the_same_int4_numbers():
         assert block.down.kind == "int4" and block.down.group == sparse_ff.CHUNK
         want = masked_ff(mlp, x, kept)  # the full down kernel on an input zero outside `kept`
         torch.testing.assert_close(block(x), want, atol=2e-2, rtol=1e-2)
+        assert not sparse_ff.fold_branch(block, torch.zeros(8, 256), torch.zeros(256, 8))  # int4: kept beside
+        assert block.folded == 0 and block.up.kind == "int4"
 
 
 def test_chosen_neurons_come_in_whole_chunks_of_one_group_and_follow_the_scores():
