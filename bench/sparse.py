@@ -74,19 +74,24 @@ def main(argv=None) -> int:
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     path = RESULTS / f"sparse_{args.model}.json"
-    report = json.loads(path.read_text()) if path.is_file() else {"rows": {}}
-    report.update({"model": args.model, "cpu": cpu_name(), "date": time.strftime("%Y-%m-%d %H:%M"),
-                   "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
-                   "precision": "w4-fpt weights, int8 KV cache (the default)", "budget": BUDGET})
     for mode in args.rows or list(ROWS):
-        row = report["rows"].get(mode, {})
+        row = {}
         if args.decode:
             row.update(decode_speed(mode, args.model))
         if args.gsm8k:
             row.update(accuracy(mode, args.gsm8k, args.model))
-        report["rows"][mode] = row
+        # read again before writing: another run may have filled other columns meanwhile
+        report = json.loads(path.read_text()) if path.is_file() else {"rows": {}}
+        report.update({"model": args.model, "cpu": cpu_name(), "date": time.strftime("%Y-%m-%d %H:%M"),
+                       "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+                       "precision": "w4-fpt weights, int8 KV cache (the default)", "budget": BUDGET})
+        report["rows"][mode] = {**report["rows"].get(mode, {}), **row}
+        report["rows"] = {m: report["rows"][m] for m in ROWS if m in report["rows"]}  # the table's order
         print(mode, json.dumps(row), file=sys.stderr, flush=True)
         path.write_text(json.dumps(report, indent=2))  # after every row: a long run keeps what it measured
+    if not path.is_file():
+        raise SystemExit(f"nothing measured yet: {path} (ask for --decode and/or --gsm8k N)")
+    report = json.loads(path.read_text())
     (RESULTS / f"sparse_{args.model}.md").write_text(markdown(report))
     print(json.dumps(report) if args.json else markdown(report))
     return 0
