@@ -10,7 +10,7 @@ least-squares fit of y from x — in closed form rather than by SGD: with S_xx =
 full-rank fit is W = S_yx·(S_xx + λI)⁻¹, and the best rank-r one keeps W's outputs on the top-r eigenvectors U
 of W·S_xx·Wᵀ (reduced-rank regression): L = U, R = Uᵀ·W. The sums come from teacher inputs of the quantized
 model the app serves (QAMR), with the reasoning adapter on for the response as in Reason mode. The end-to-end
-stage of the paper (a KL loss through the whole model) is not done here.
+stage (a KL loss through the whole model) follows in core.caprese_e2e; `ponder train caprese` runs both.
 
 Branches are saved in the untransformed basis (like adapters and heads): on a W4-FPT model R reads the
 transformed norm output and L writes the rotated residual, so both are mapped at save and load (models/fpt.py).
@@ -210,6 +210,11 @@ def main(argv=None) -> int:
     p.add_argument("--precision", default=None, help="weights (default: the model's, as the app serves it)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=None, help="folder (default: the model's own caprese component)")
+    p.add_argument("--stage", choices=("both", "layer-wise", "e2e"), default="both",
+                   help="layer-wise fit, end-to-end training after it, or both (e2e alone starts from --out's)")
+    p.add_argument("--e2e-steps", type=int, default=128, help="end-to-end training sequences (one per step)")
+    p.add_argument("--e2e-dev", type=int, default=16, help="held-out sequences the end-to-end stage keeps its best on")
+    p.add_argument("--lr", type=float, default=5e-5, help="end-to-end learning rate (AdamW)")
     args = p.parse_args(argv)
     missing = [str(f) for f in args.data if not Path(f).is_file()]
     if missing:
@@ -221,21 +226,52 @@ def main(argv=None) -> int:
         "cats", thresholds=tuple(engine.cats["thresholds"]))
     if not 0 < args.rank <= engine.model.config.hidden_size:
         p.error(f"--rank must be between 1 and {engine.model.config.hidden_size}")
-    examples = load_examples(args.data, args.examples + args.dev, seed=args.seed)
-    train_ex, dev_ex = examples[: args.examples], examples[args.examples:]
-    what = f"GRIFFIN at {args.keep:.0%}" if args.sparse == "griffin" else "CATS"
-    print(f"Fitting rank-{args.rank} Caprese branches for {what} on {len(train_ex)} sequences "
-          f"({len(dev_ex)} held out), {engine.model_id} at {engine.precision}", flush=True)
-    branches, meta = train(engine, train_ex, dev_ex, rank=args.rank, plan=plan,
-                           report=lambda line: print(line, file=sys.stderr, flush=True))
-    meta["data"] = [str(f) for f in args.data]
-    meta["seed"] = args.seed
     folder = "caprese" if args.sparse == "griffin" else "caprese-cats"
     out = args.out or ModelStore().get(args.model).folder / "components" / folder
-    save(branches, engine.model, out)
-    print(json.dumps({k: v for k, v in meta.items() if k != "layers"}, indent=2))
-    print(f"Saved to {out}")
+    what = f"GRIFFIN at {args.keep:.0%}" if args.sparse == "griffin" else "CATS"
+    log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    if args.stage == "e2e":
+        if not (out / WEIGHTS_FILE).is_file():
+            p.error(f"no branches in {out} to start from: run the layer-wise stage first")
+        branches = load(out, engine.model)
+    else:
+        examples = load_examples(args.data, args.examples + args.dev, seed=args.seed)
+        train_ex, dev_ex = examples[: args.examples], examples[args.examples:]
+        print(f"Fitting rank-{args.rank} Caprese branches for {what} on {len(train_ex)} sequences "
+              f"({len(dev_ex)} held out), {engine.model_id} at {engine.precision}", flush=True)
+        branches, meta = train(engine, train_ex, dev_ex, rank=args.rank, plan=plan, report=log)
+        meta["data"] = [str(f) for f in args.data]
+        meta["seed"] = args.seed
+        save(branches, engine.model, out)
+        print(json.dumps({k: v for k, v in meta.items() if k != "layers"}, indent=2))
+        print(f"Saved the layer-wise branches to {out}", flush=True)
+    if args.stage != "layer-wise" and args.e2e_steps > 0:
+        model_id, precision = engine.model_id, engine.precision
+        del engine, branches  # the end-to-end stage differentiates through a dense copy instead
+        _end_to_end(args, model_id, precision, plan, out, log)
     return 0
+
+
+def _end_to_end(args, model_id: str, precision: str, plan: SparsePlan, out: Path, log) -> Branches:
+    """Train the branches saved in `out` end to end (core.caprese_e2e) on further sequences of the same files
+    (after the layer-wise ones), and save the best over them."""
+    from .caprese_e2e import train_e2e, trainable_model
+    from .sft_data import encode_example, load_examples
+
+    model, tokenizer, group = trainable_model(model_id, precision)
+    branches = load(out, model)  # in this model's basis
+    examples = load_examples(args.data, args.examples + args.dev + args.e2e_steps + args.e2e_dev, seed=args.seed)
+    rest = [encode_example(tokenizer, ex) for ex in examples[args.examples + args.dev:]]
+    rest = [(prompt, response) for prompt, response in rest if 2 < len(response) <= 512]
+    dev, train_set = rest[: args.e2e_dev], rest[args.e2e_dev:]
+    print(f"Training the branches end to end: {args.e2e_steps} steps on {len(train_set)} further sequences, "
+          f"{len(dev)} held out", flush=True)
+    kept, stats = train_e2e(model, train_set, dev, branches, plan, steps=args.e2e_steps, lr=args.lr, group=group,
+                            seed=args.seed, report=lambda entry: log(json.dumps(entry)))
+    save(kept, model, out)
+    print(json.dumps({k: v for k, v in stats.items() if k != "log"}, indent=2))
+    print(f"Saved to {out}")
+    return kept
 
 
 if __name__ == "__main__":
