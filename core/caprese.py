@@ -3,14 +3,15 @@
 Per layer, a rank-r branch L·(R·x) runs beside the cut block (x: the block's input after the norm), so a decode
 step computes FF_cut(x) + L·R·x (algorithms.md B.3; the weights of the model stay as they are). Where the cut
 projections are bf16 the branch is folded into them (`sparse_ff.fold_branch`: R as more rows of up, L as more
-columns of down), so it costs no pass of its own; beside packed int4 ones it runs as two small bf16 passes. Layer-wise
-training: on teacher-forced math text, with each sequence's own GRIFFIN selection taken from its prompt (as at
-inference), the residual y = FF_dense(x) − FF_cut(x) of every response token is recorded, and L·R is the rank-r
-least-squares fit of y from x — in closed form rather than by SGD: with S_xx = Σ x·xᵀ and S_yx = Σ y·xᵀ, the
-full-rank fit is W = S_yx·(S_xx + λI)⁻¹, and the best rank-r one keeps W's outputs on the top-r eigenvectors U
-of W·S_xx·Wᵀ (reduced-rank regression): L = U, R = Uᵀ·W. The sums come from teacher inputs of the quantized
-model the app serves (QAMR), with the reasoning adapter on for the response as in Reason mode. The end-to-end
-stage (a KL loss through the whole model) follows in core.caprese_e2e; `ponder train caprese` runs both.
+columns of down), so it costs no pass of its own; packed int4 ones take it rounded to int4 (when the rank is a
+multiple of 64). Layer-wise training: on teacher-forced math text, with each sequence's own GRIFFIN selection
+taken from its prompt (as at inference), the residual y = FF_dense(x) − FF_cut(x) of every response token is
+recorded, and L·R is the rank-r least-squares fit of y from x — in closed form rather than by SGD: with S_xx = Σ
+x·xᵀ and S_yx = Σ y·xᵀ, the full-rank fit is W = S_yx·(S_xx + λI)⁻¹, and the best rank-r one keeps W's outputs on
+the top-r eigenvectors U of W·S_xx·Wᵀ (reduced-rank regression): L = U, R = Uᵀ·W. The sums come from teacher
+inputs of the quantized model the app serves (QAMR), with the reasoning adapter on for the response as in Reason
+mode. The end-to-end stage (a KL loss through the whole model) follows in core.caprese_e2e; `ponder train caprese`
+runs both.
 
 Branches are saved in the untransformed basis (like adapters and heads): on a W4-FPT model R reads the
 transformed norm output and L writes the rotated residual, so both are mapped at save and load (models/fpt.py).

@@ -214,26 +214,54 @@ class CutFF:
         return out if self.branch is None else out + self.branch(x)
 
 
+def pack_int4(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(packed weight, scales and zeros) of float `w` (n, k) rounded to int4, min-max per `group` inputs, in torch's
+    CPU layout (blocks of 64 rows; the kernel computes (q − 8)·scale + zero)."""
+    n, k = w.shape
+    g = w.float().view(n, k // group, group)
+    lo, hi = g.amin(-1), g.amax(-1)
+    scale = ((hi - lo) / 15).clamp_min(1e-8)
+    q = ((g - lo[..., None]) / scale[..., None]).round_().clamp_(0, 15).to(torch.int32).view(n, k)
+    packed = torch._convert_weight_to_int4pack_for_cpu(q.contiguous(), 1)
+    return packed, torch.stack((scale.t(), (lo + 8 * scale).t()), -1).to(torch.bfloat16).contiguous()
+
+
+def _foldable_int4(u: CutLinear, d: CutLinear, rank: int, hidden: int) -> bool:
+    return (u.kind == "int4" and d.kind == "int4" and d.group == CHUNK and rank % BLOCK == 0
+            and hidden % u.group == 0 and hidden % BLOCK == 0)
+
+
 def fold_branch(block: CutFF, up: torch.Tensor, down: torch.Tensor) -> bool:
-    """Fold a Caprese branch L·(R·x) (`up` = R (r, H), `down` = L (H, r)) into the cut block's own passes when its
-    up and down projections are bf16: R becomes r more output rows of up, L r more input columns of down, so one
-    down pass adds both and the branch costs no pass of its own (adapters get zero rows / columns there, so
-    they are unchanged). Packed int4 projections keep the branch beside them: folding would quantize it.
-    Returns whether it folded."""
+    """Fold a Caprese branch L·(R·x) (`up` = R (r, H), `down` = L (H, r)) into the cut block's own passes: R
+    becomes r more output rows of up, L r more input columns of down, so one down pass adds both and the branch
+    costs no pass of its own (adapters get zero rows / columns there, so they are unchanged). bf16 projections
+    take the branch as it is; packed int4 ones take it rounded to int4 (R in up's groups, L in groups of 32) when
+    r is a multiple of 64, the kernel's block. Returns whether it folded (else it stays beside the block)."""
     u, d = block.up, block.down
-    if u.kind != "dense" or d.kind != "dense":
+    r, hidden = up.shape
+    if u.kind == "dense" and d.kind == "dense":
+        up_weight, down_weight = torch.cat([u.weight, up.to(u.weight.dtype)]), torch.cat(
+            [d.weight, down.to(d.weight.dtype)], dim=1)
+        up_scales = down_scales = None
+    elif _foldable_int4(u, d, r, hidden):
+        packed_r, scales_r = pack_int4(up, u.group)
+        packed_l, scales_l = pack_int4(down, CHUNK)
+        up_weight, up_scales = torch.cat([u.weight, packed_r]), torch.cat([u.scales, scales_r], dim=1)
+        cols = d.weight.numel() * 2 // hidden
+        down_weight = torch.cat([d.weight.view(hidden // BLOCK, cols, BLOCK // 2),
+                                 packed_l.view(hidden // BLOCK, r, BLOCK // 2)], dim=1).view(hidden, (cols + r) // 2)
+        down_scales = torch.cat([d.scales, scales_l])
+    else:
         return False
-    r = up.shape[0]
     up_lora = {name: (a, torch.cat([b, b.new_zeros(r, b.shape[1])]),
                       None if b_bias is None else torch.cat([b_bias, b_bias.new_zeros(r)]), scaling)
                for name, (a, b, b_bias, scaling) in u.lora.items()}
     down_lora = {name: (torch.cat([a, a.new_zeros(a.shape[0], r)], dim=1), b, b_bias, scaling)
                  for name, (a, b, b_bias, scaling) in d.lora.items()}
     bias = None if u.bias is None else torch.cat([u.bias, u.bias.new_zeros(r)])
-    block.up = CutLinear("dense", torch.cat([u.weight, up.to(u.weight.dtype)]), bias=bias, peft=u.peft,
-                         lora=up_lora)
-    block.down = CutLinear("dense", torch.cat([d.weight, down.to(d.weight.dtype)], dim=1), bias=d.bias,
-                           peft=d.peft, lora=down_lora)
+    block.up = CutLinear(u.kind, up_weight, group=u.group, scales=up_scales, bias=bias, peft=u.peft, lora=up_lora)
+    block.down = CutLinear(d.kind, down_weight, group=d.group, scales=down_scales, bias=d.bias, peft=d.peft,
+                           lora=down_lora)
     block.folded, block.branch = r, None
     return True
 

@@ -119,6 +119,36 @@ def test_packed_int4_cuts_keep_the_same_int4_numbers():
         assert block.folded == 0 and block.up.kind == "int4"
 
 
+def _kernel_weight(packed, scales, n, k, group):
+    """The float weight (n, k) a packed int4 tensor stands for, read back through the kernel itself."""
+    return torch._weight_int4pack_mm_for_cpu(torch.eye(k, dtype=torch.bfloat16), packed, group, scales).t()
+
+
+def test_a_rank_64_branch_folds_into_packed_int4_blocks_rounded_to_int4():
+    if not unpack_matches_kernel():
+        pytest.skip("this CPU's int4 packing is not the layout the cut reads: cut blocks run in bf16 here")
+    torch.manual_seed(2)
+    config = Qwen2Config(hidden_size=256, intermediate_size=512, hidden_act="silu")
+    holder = nn.Module()
+    holder.mlp = Qwen2MLP(config)
+    quantize_model(holder, 4)
+    mlp = holder.mlp
+    kept = sparse_ff.choose_neurons(torch.rand(512), 256, group=128)
+    up, down = torch.randn(64, 256) / 16, torch.randn(256, 64) / 16
+    r_int4 = _kernel_weight(*sparse_ff.pack_int4(up, 128), 64, 256, 128)
+    l_int4 = _kernel_weight(*sparse_ff.pack_int4(down, sparse_ff.CHUNK), 256, 64, sparse_ff.CHUNK)
+    assert (r_int4.float() - up).norm() < 0.1 * up.norm() and (l_int4.float() - down).norm() < 0.1 * down.norm()
+    beside, folded = sparse_ff.cut_layer(mlp, kept), sparse_ff.cut_layer(mlp, kept)
+    beside.branch = lambda h: torch.nn.functional.linear(torch.nn.functional.linear(h, r_int4), l_int4)
+    assert sparse_ff.fold_branch(folded, up, down)
+    assert folded.folded == 64 and folded.up.kind == "int4" and folded.down.kind == "int4" and folded.branch is None
+    x = torch.randn(3, 1, 256, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        want = beside(x)  # the cut block plus the int4-rounded branch, as two separate passes
+        torch.testing.assert_close(folded(x), want, atol=3e-2, rtol=2e-2)
+        assert not torch.allclose(want, masked_ff(mlp, x, kept), atol=1e-2)  # the branch does add something
+
+
 def test_chosen_neurons_come_in_whole_chunks_of_one_group_and_follow_the_scores():
     torch.manual_seed(1)
     scores = torch.rand(4864)
