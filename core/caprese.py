@@ -243,17 +243,27 @@ def main(argv=None) -> int:
         branches, meta = train(engine, train_ex, dev_ex, rank=args.rank, plan=plan, report=log)
         meta["data"] = [str(f) for f in args.data]
         meta["seed"] = args.seed
+        meta["commands"] = [_command(argv, "layer-wise")]
         save(branches, engine.model, out)
         print(json.dumps({k: v for k, v in meta.items() if k != "layers"}, indent=2))
         print(f"Saved the layer-wise branches to {out}", flush=True)
     if args.stage != "layer-wise" and args.e2e_steps > 0:
         model_id, precision = engine.model_id, engine.precision
         del engine, branches  # the end-to-end stage differentiates through a dense copy instead
-        _end_to_end(args, model_id, precision, plan, out, log)
+        _end_to_end(args, model_id, precision, plan, out, log, _command(argv, "e2e"))
     return 0
 
 
-def _end_to_end(args, model_id: str, precision: str, plan: SparsePlan, out: Path, log) -> Branches:
+def _command(argv, stage: str) -> str:
+    """The command line that runs `stage` again (recorded with the branches it made)."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    if "--stage" in words:
+        i = words.index("--stage")
+        del words[i:i + 2]
+    return " ".join(["ponder train caprese", *words, "--stage", stage])
+
+
+def _end_to_end(args, model_id: str, precision: str, plan: SparsePlan, out: Path, log, command: str) -> Branches:
     """Train the branches saved in `out` end to end (core.caprese_e2e) on further sequences of the same files
     (after the layer-wise ones), and save the best over them."""
     from .caprese_e2e import train_e2e, trainable_model
@@ -269,6 +279,7 @@ def _end_to_end(args, model_id: str, precision: str, plan: SparsePlan, out: Path
           f"{len(dev)} held out", flush=True)
     kept, stats = train_e2e(model, train_set, dev, branches, plan, steps=args.e2e_steps, lr=args.lr, group=group,
                             seed=args.seed, report=lambda entry: log(json.dumps(entry)))
+    kept.meta["commands"] = branches.meta.get("commands", []) + [command]
     save(kept, model, out)
     print(json.dumps({k: v for k, v in stats.items() if k != "log"}, indent=2))
     print(f"Saved to {out}")

@@ -94,6 +94,8 @@ def test_train_caprese_command_runs_both_stages_and_saves_the_end_to_end_branche
     assert "Saved the layer-wise branches" in printed and "Training the branches end to end" in printed
     meta = json.loads((out / "caprese.json").read_text())
     assert meta["rank"] == 4 and meta["e2e"]["steps"] == 3 and "end to end" in meta["method"]
+    assert [c.split("--stage ")[1] for c in meta["commands"]] == ["layer-wise", "e2e"]
+    assert all(c.startswith("ponder train caprese --model tiny-qwen2") for c in meta["commands"])
     with pytest.raises(SystemExit) as refused:  # nothing to start from: a usage error
         run_cli(argv[:-2] + ["--out", str(tmp_path / "none"), "--stage", "e2e"])
     assert refused.value.code == 2
