@@ -195,3 +195,6 @@ def test_settings_dialog_explains_the_decode_choice(qtbot, tmp_path):
     assert dialog.settings().decode == "griffin" and dialog.decode_note.text() == DECODE_CHOICES["griffin"][1]
     dialog.decode.setCurrentIndex(dialog.decode.findData("dense"))
     assert dialog.settings().decode == "dense" and dialog.decode_note.text() == DECODE_CHOICES["dense"][1]
+    for mode in ("griffin", "griffin+caprese", "cats"):  # each choice shows its measured speed and accuracy
+        assert "× dense decode speed" in DECODE_CHOICES[mode][1] and "GSM8K" in DECODE_CHOICES[mode][1]
+    assert "recommended" in dialog.decode.itemText(dialog.decode.findData("dense"))
