@@ -96,13 +96,17 @@ def test_cut_lora_follows_the_adapter_switch(engine):
 
 
 @pytest.mark.skipif(not unpack_matches_kernel(), reason="this CPU's int4 packing is not the one core reads")
-def test_packed_int4_cuts_keep_the_same_int4_numbers():
-    torch.manual_seed(0)
-    config = Qwen2Config(hidden_size=256, intermediate_size=512, hidden_act="silu")
+def packed_mlp(seed: int) -> Qwen2MLP:
+    """A Qwen2 MLP (256 -> 512 -> 256) quantized to packed int4, as the app serves its layers."""
+    torch.manual_seed(seed)
     holder = nn.Module()
-    holder.mlp = Qwen2MLP(config)
+    holder.mlp = Qwen2MLP(Qwen2Config(hidden_size=256, intermediate_size=512, hidden_act="silu"))
     quantize_model(holder, 4)
-    mlp = holder.mlp
+    return holder.mlp
+
+
+def test_packed_int4_cuts_keep_the_same_int4_numbers():
+    mlp = packed_mlp(0)
     x = torch.randn(2, 1, 256, dtype=torch.bfloat16)
     kept = sparse_ff.choose_neurons(torch.rand(512), 256, group=128)
     with torch.inference_mode():
@@ -127,12 +131,7 @@ def _kernel_weight(packed, scales, n, k, group):
 def test_a_rank_64_branch_folds_into_packed_int4_blocks_rounded_to_int4():
     if not unpack_matches_kernel():
         pytest.skip("this CPU's int4 packing is not the layout the cut reads: cut blocks run in bf16 here")
-    torch.manual_seed(2)
-    config = Qwen2Config(hidden_size=256, intermediate_size=512, hidden_act="silu")
-    holder = nn.Module()
-    holder.mlp = Qwen2MLP(config)
-    quantize_model(holder, 4)
-    mlp = holder.mlp
+    mlp = packed_mlp(2)
     kept = sparse_ff.choose_neurons(torch.rand(512), 256, group=128)
     up, down = torch.randn(64, 256) / 16, torch.randn(256, 64) / 16
     r_int4 = _kernel_weight(*sparse_ff.pack_int4(up, 128), 64, 256, 128)
