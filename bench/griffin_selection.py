@@ -20,12 +20,11 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import torch
-from torch.nn import functional as F
 
 from bench.machine import cpu_name
 from core import adapters, sparse_ff
-from core.cache import crop, new_cache
-from core.caprese_e2e import griffin_masks, sparse_forward, trainable_model
+from core.cache import new_cache
+from core.caprese_e2e import griffin_masks, kl_after, trainable_model
 from core.config import EngineConfig
 from core.sft_data import encode_example, load_examples
 
@@ -45,15 +44,9 @@ def response_kl(model, prompt, response, masks, skip: int = 0) -> float:
     _prefill(model, prompt, cache, base=True)
     if skip:
         _prefill(model, response[:skip], cache)
-    inputs = torch.tensor([response[skip:-1]])
-    zero_up = [torch.zeros(1, model.config.hidden_size) for _ in masks]
-    zero_down = [torch.zeros(model.config.hidden_size, 1) for _ in masks]
+    no_branch = [torch.zeros(1, model.config.hidden_size) for _ in masks]
     with torch.no_grad():
-        dense = F.log_softmax(model(input_ids=inputs, cache=cache, use_cache=True).logits[0].float(), -1)
-        crop(cache, len(prompt) + skip)
-        with sparse_forward(model, zero_up, zero_down, masks):
-            sparse = F.log_softmax(model(input_ids=inputs, cache=cache, use_cache=True).logits[0].float(), -1)
-    return F.kl_div(sparse, dense, log_target=True, reduction="batchmean").item()
+        return kl_after(model, cache, response[skip:-1], no_branch, [b.t() for b in no_branch], masks).item()
 
 
 def chosen(model, keep, group, prompt, response_part=None):

@@ -234,7 +234,6 @@ def main(argv=None) -> int:
     if args.stage == "e2e":
         if not (out / WEIGHTS_FILE).is_file():
             p.error(f"no branches in {out} to start from: run the layer-wise stage first")
-        branches = load(out, engine.model)
     else:
         examples = load_examples(args.data, args.examples + args.dev, seed=args.seed)
         train_ex, dev_ex = examples[: args.examples], examples[args.examples:]
@@ -249,7 +248,7 @@ def main(argv=None) -> int:
         print(f"Saved the layer-wise branches to {out}", flush=True)
     if args.stage != "layer-wise" and args.e2e_steps > 0:
         model_id, precision = engine.model_id, engine.precision
-        del engine, branches  # the end-to-end stage differentiates through a dense copy instead
+        del engine  # the end-to-end stage differentiates through a dense copy instead
         _end_to_end(args, model_id, precision, plan, out, log, _command(argv, "e2e"))
     return 0
 

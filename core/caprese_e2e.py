@@ -81,11 +81,18 @@ def sequence_kl(model, prompt: list[int], response: list[int], plan: SparsePlan,
             scorer.collect(model) if plan.kind == "griffin" else contextlib.nullcontext()):
         model(input_ids=torch.tensor([prompt]), cache=cache, use_cache=True, logits_to_keep=1)
     masks = griffin_masks(scorer, layers, group) if plan.kind == "griffin" else None
-    inputs = torch.tensor([response[:-1]])
+    return kl_after(model, cache, response[:-1], up, down, masks, plan.thresholds)
+
+
+def kl_after(model, cache, tokens: list[int], up, down, masks=None, thresholds=None) -> torch.Tensor:
+    """Mean KL(dense ‖ sparse + branches) of the next-token distributions over `tokens` fed after what `cache`
+    holds (adapters as they are set): once dense without gradient, then sparse from the same cache."""
+    start = cache.get_seq_length()
+    inputs = torch.tensor([tokens])
     with torch.no_grad():
         dense = F.log_softmax(model(input_ids=inputs, cache=cache, use_cache=True).logits[0].float(), dim=-1)
-    crop(cache, len(prompt))
-    with sparse_forward(model, up, down, masks, plan.thresholds):
+    crop(cache, start)
+    with sparse_forward(model, up, down, masks, thresholds):
         logits = model(input_ids=inputs, cache=cache, use_cache=True).logits[0].float()
     return F.kl_div(F.log_softmax(logits, dim=-1), dense, log_target=True, reduction="batchmean")
 

@@ -129,21 +129,24 @@ def _kernel_weight(packed, scales, n, k, group):
 
 
 def test_a_rank_64_branch_folds_into_packed_int4_blocks_rounded_to_int4():
-    if not unpack_matches_kernel():
-        pytest.skip("this CPU's int4 packing is not the layout the cut reads: cut blocks run in bf16 here")
+    """Where the cut reads this CPU's int4 packing the branch folds in rounded to int4; elsewhere the cut blocks
+    are bf16 and the branch folds in as it is. Either way the folded block computes the block plus its branch."""
     mlp = packed_mlp(2)
+    packed = unpack_matches_kernel()
     kept = sparse_ff.choose_neurons(torch.rand(512), 256, group=128)
     up, down = torch.randn(64, 256) / 16, torch.randn(256, 64) / 16
     r_int4 = _kernel_weight(*sparse_ff.pack_int4(up, 128), 64, 256, 128)
     l_int4 = _kernel_weight(*sparse_ff.pack_int4(down, sparse_ff.CHUNK), 256, 64, sparse_ff.CHUNK)
     assert (r_int4.float() - up).norm() < 0.1 * up.norm() and (l_int4.float() - down).norm() < 0.1 * down.norm()
     beside, folded = sparse_ff.cut_layer(mlp, kept), sparse_ff.cut_layer(mlp, kept)
-    beside.branch = lambda h: torch.nn.functional.linear(torch.nn.functional.linear(h, r_int4), l_int4)
+    r_want, l_want = (r_int4, l_int4) if packed else (up.bfloat16(), down.bfloat16())
+    beside.branch = lambda h: torch.nn.functional.linear(torch.nn.functional.linear(h, r_want), l_want)
     assert sparse_ff.fold_branch(folded, up, down)
-    assert folded.folded == 64 and folded.up.kind == "int4" and folded.down.kind == "int4" and folded.branch is None
+    kind = "int4" if packed else "dense"
+    assert folded.folded == 64 and folded.up.kind == kind and folded.down.kind == kind and folded.branch is None
     x = torch.randn(3, 1, 256, dtype=torch.bfloat16)
     with torch.inference_mode():
-        want = beside(x)  # the cut block plus the int4-rounded branch, as two separate passes
+        want = beside(x)  # the cut block plus the (int4-rounded) branch, as two separate passes
         torch.testing.assert_close(folded(x), want, atol=3e-2, rtol=2e-2)
         assert not torch.allclose(want, masked_ff(mlp, x, kept), atol=1e-2)  # the branch does add something
 
