@@ -141,6 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="train adapters and heads (sft: reasoning LoRA adapter)")
     tsub = train.add_subparsers(dest="train_command", metavar="WHAT")
     tsub.add_parser("sft", help="reasoning LoRA adapter by masked SFT (run `ponder train sft --help`)", add_help=False)
+    tsub.add_parser("distill", help="reasoning traces by rejection sampling from a teacher (`--help`)",
+                    add_help=False)
     tsub.add_parser("rl", help="budget-forcing RL of a reasoning adapter (run `ponder train rl --help`)",
                     add_help=False)
     tsub.add_parser("caprese", help="low-rank branches that recover sparse decoding's accuracy (`--help`)",
@@ -429,9 +431,14 @@ def cmd_serve(args) -> int:
 
 
 def cmd_train(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("sft", "rl", "caprese", "cats", "switcher", "verifier"):
-        print("ponder train: choose what to train: sft, rl, caprese, cats, switcher or verifier", file=sys.stderr)
+    if not argv or argv[0] not in ("sft", "distill", "rl", "caprese", "cats", "switcher", "verifier"):
+        print("ponder train: choose what to train: sft, distill, rl, caprese, cats, switcher or verifier",
+              file=sys.stderr)
         return 2
+    if argv[0] == "distill":
+        from core.distill import main as distill_main
+
+        return distill_main(argv[1:])
     if argv[0] in ("caprese", "cats"):
         from core.caprese import main as caprese_main
         from core.cats import main as cats_main

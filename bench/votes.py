@@ -41,16 +41,28 @@ def accuracy_at(questions: list[dict], k: int) -> dict:
     return out
 
 
-def score_auc(questions: list[dict]) -> float | None:
-    """AUC of the verifier scores over every candidate: P(a right answer outscores a wrong one); None without
-    scores or without both kinds of answer."""
-    scored = [c for q in questions for c in q["candidates"] if c["score"] is not None]
+def _auc(candidates: list[dict]) -> tuple[float, int] | None:
+    """(wins, pairs): how often a right candidate outscores a wrong one (ties count half); None without pairs."""
+    scored = [c for c in candidates if c["score"] is not None]
     pos = [c["score"] for c in scored if c["correct"]]
     neg = [c["score"] for c in scored if not c["correct"]]
     if not pos or not neg:
         return None
-    wins = sum((p > n) + 0.5 * (p == n) for p in pos for n in neg)
-    return wins / (len(pos) * len(neg))
+    return sum((p > n) + 0.5 * (p == n) for p in pos for n in neg), len(pos) * len(neg)
+
+
+def score_auc(questions: list[dict]) -> float | None:
+    """AUC of the verifier scores over every candidate: P(a right answer outscores a wrong one); None without
+    scores or without both kinds of answer. Mostly says which *questions* are easy."""
+    pooled = _auc([c for q in questions for c in q["candidates"]])
+    return None if pooled is None else pooled[0] / pooled[1]
+
+
+def within_question_auc(questions: list[dict]) -> tuple[float | None, int]:
+    """(mean over questions with both right and wrong candidates of the AUC among that question's own candidates,
+    how many such questions): the ranking a weighted vote needs; 0.5 is a coin."""
+    per_question = [w / n for w, n in filter(None, (_auc(q["candidates"]) for q in questions))]
+    return (statistics.fmean(per_question) if per_question else None), len(per_question)
 
 
 def main(argv=None) -> int:
@@ -66,8 +78,10 @@ def main(argv=None) -> int:
     table = {k: accuracy_at(questions, k) for k in ks}
     name = args.result.stem.removeprefix("eval_")
     auc = score_auc(questions)
+    within, mixed = within_question_auc(questions)
     with_text = all("text" in c for q in questions for c in q["candidates"])
     result = {"source": args.result.name, "n": len(questions), "data": data.get("data"), "verifier_auc": auc,
+              "verifier_auc_within_question": within, "questions_with_right_and_wrong": mixed,
               "by_k": table, "candidate_text": with_text}
     out = args.result.parent
     (out / f"votes_{name}.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -78,6 +92,9 @@ def main(argv=None) -> int:
                      f"| {row[f'pass@{k}']:.1%} |")
     if auc is not None:
         lines += ["", f"Verifier AUC over all {sum(len(q['candidates']) for q in questions)} candidates: {auc:.3f}"]
+    if within is not None:
+        lines += [f"Verifier AUC among one question's own candidates (mean over the {mixed} questions with right "
+                  f"and wrong ones): {within:.3f}"]
     if not with_text:
         lines += ["", "**Not re-scorable**: the candidates were saved without their text, so their correctness is "
                   "the scorer's of the time."]

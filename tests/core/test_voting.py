@@ -125,7 +125,7 @@ def test_bad_method_rejected():
 def test_voting_at_k_from_saved_candidates(tmp_path):
     import json
 
-    from bench.votes import accuracy_at, main, score_auc
+    from bench.votes import accuracy_at, main, score_auc, within_question_auc
 
     def cand(answer, score, correct):
         return {"answer": answer, "score": score, "correct": correct}
@@ -155,6 +155,13 @@ def test_voting_at_k_from_saved_candidates(tmp_path):
     # 0.2 beats both 0.1s, and the four 0.1-vs-0.1 ties count half -> 4 of 12 pairs
     assert written["verifier_auc"] == pytest.approx(4 / 12)
     assert score_auc([q]) == 1.0 and score_auc([{"candidates": [cand("1", None, True)]}]) is None
+    # within one question: q ranks its answers perfectly (1.0), q2 as above (1/3); a question whose candidates
+    # are all wrong has no pair and is left out of the mean. Pooled, an easy question scored high looks good:
+    easy = {"candidates": [cand("1", 0.95, True), cand("1", 0.99, True)]}
+    hard = {"candidates": [cand("2", 0.0, False), cand("3", 0.05, False)]}
+    assert within_question_auc([q, q2, hard]) == (pytest.approx((1.0 + 4 / 12) / 2), 2)
+    assert within_question_auc([easy, hard]) == (None, 0) and score_auc([easy, hard]) == 1.0
+    assert written["verifier_auc_within_question"] == pytest.approx(4 / 12)
 
 
 def test_candidates_are_scored_from_their_text():

@@ -1,0 +1,62 @@
+"""`ponder train distill`: which sample becomes a trace, the rows SFT reads, resuming, and the CLI on the tiny model."""
+from __future__ import annotations
+
+import json
+
+from core.datasets import Item
+from core.distill import Sample, pick_trace, trace_row
+from core.sft_data import encode_example, example_from_row
+from tests.conftest import TINY_ID
+
+GSM = [{"question": f"What is {a} + {b}?", "answer": f"{a} + {b} = {a + b}\n#### {a + b}"}
+       for a, b in ((1, 2), (3, 4), (5, 6))]
+
+
+def test_the_shortest_right_finished_boxed_sample_within_the_cap_is_kept():
+    samples = [Sample("So 3 + 4 = 8, \\boxed{8}", 9, True),                 # wrong
+               Sample("3 + 4 = 7. \\boxed{7}", 40, True),                   # right, longest kept candidate
+               Sample("3 plus 4 is 7, so \\boxed{7}", 12, True),            # right, shortest: kept
+               Sample("3 + 4 = 7 and so on", 5, True),                      # right number but no boxed answer
+               Sample("3 + 4 = \\boxed{7}", 3, False),                      # cut at the token cap
+               Sample("a long way round ... \\boxed{7}", 300, True)]         # over the length cap
+    best, right = pick_trace(samples, "7", max_trace_tokens=240)
+    assert best is samples[2] and right == 5
+    assert pick_trace(samples[:1], "7", 240) == (None, 0)
+
+
+def test_a_trace_row_is_read_by_sft_as_thinking_then_the_boxed_gold():
+    item = Item("What is 3 + 4?", "7", "gsm8k")
+    row = trace_row(item, Sample("3 plus 4 is 7, so \\boxed{7}.", 12, True), {"teacher": "t", "index": 5})
+    assert row["thinking"] == "3 plus 4 is 7, so 7." and row["answer"] == "7"
+    assert row["provenance"] == {"teacher": "t", "index": 5, "trace_tokens": 12}
+    ex = example_from_row(json.loads(json.dumps(row)))
+    assert ex.thinking == "3 plus 4 is 7, so 7." and ex.answer == "The answer is \\boxed{7}."
+
+
+def test_cli_samples_every_question_writes_provenance_and_resumes(tmp_path, tiny_store, capsys):
+    from app.cli import run_cli
+
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in GSM))
+    out = tmp_path / "traces.jsonl"
+    argv = ["train", "distill", "--data", str(data), "--out", str(out), "--teacher", TINY_ID, "--precision", "bf16",
+            "--samples", "2", "--chunk", "2", "--max-tokens", "6", "--limit", "2"]
+    assert run_cli(argv) == 0
+    summary = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert summary["questions"] == 2 and summary["samples"] == 4 and summary["tokens"] > 0
+    state = json.loads((tmp_path / "traces.jsonl.state.json").read_text())
+    assert sorted(map(tuple, state["done"])) == [("train.jsonl", 0), ("train.jsonl", 1)]
+    assert out.is_file() and all("provenance" in json.loads(r) for r in out.read_text().splitlines())
+    assert run_cli(argv[:-2] + ["--limit", "3"]) == 0  # the same run again: only the new question is sampled
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["questions"] == 1
+    alpaca = tmp_path / "alpaca.jsonl"
+    alpaca.write_text(json.dumps({"instruction": "Write a poem", "output": "..."}) + "\n")
+    assert run_cli(["train", "distill", "--data", str(alpaca), "--out", str(out), "--teacher", TINY_ID]) == 2
+
+
+def test_sft_encodes_a_distilled_trace_like_any_trace(tiny_engine):
+    row = trace_row(Item("What is 3 + 4?", "7", "gsm8k"), Sample("3 + 4 = \\boxed{7}", 5, True), {})
+    prompt, response = encode_example(tiny_engine.tokenizer, example_from_row(row))
+    text = tiny_engine.tokenizer.decode(response)
+    assert "3 + 4 = 7" in text and text.endswith("\\boxed{7}.<|im_end|>")
+    assert tiny_engine.tokenizer.decode(prompt).endswith("<think>\n")
