@@ -84,6 +84,9 @@ def main(argv=None) -> int:
               "verifier_auc_within_question": within, "questions_with_right_and_wrong": mixed,
               "by_k": table, "candidate_text": with_text}
     out = args.result.parent
+    previous = out / f"votes_{name}.json"
+    if previous.is_file() and "rescore" in (old := json.loads(previous.read_text())):
+        result["rescore"] = old["rescore"]  # what `bench.rescore` said of this file stays with it
     (out / f"votes_{name}.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [f"Voting from `{args.result.name}` ({len(questions)} questions), disjoint groups of k candidates:", "",
              "| k | majority | weighted | best-of-k | pass@k |", "|---:|---:|---:|---:|---:|"]
@@ -96,8 +99,9 @@ def main(argv=None) -> int:
         lines += [f"Verifier AUC among one question's own candidates (mean over the {mixed} questions with right "
                   f"and wrong ones): {within:.3f}"]
     if not with_text:
-        lines += ["", "**Not re-scorable**: the candidates were saved without their text, so their correctness is "
-                  "the scorer's of the time."]
+        lines += ["", "**Not re-scorable**: the candidates were saved without their text: the votes are replayed "
+                  "with the current rules on their saved answers, but their correctness is the old scorer's, which "
+                  "over-counts."]
     (out / f"votes_{name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
