@@ -102,6 +102,11 @@ def write_json(path: Path, data: dict) -> None:
     tmp.replace(path)
 
 
+def reasoning_adapter_name(engine) -> str | None:
+    slots = getattr(engine, "slots", None)
+    return getattr(slots.reasoning, "name", None) if slots is not None else None
+
+
 def summarize(engine, rows: list[dict], args, batch: int) -> dict:
     mean = lambda key: statistics.fmean(r[key] for r in rows) if rows else 0.0  # noqa: E731
     out = {"n": len(rows), "accuracy": mean("correct"), "mean_thinking_tokens": mean("thinking_tokens"),
@@ -109,7 +114,8 @@ def summarize(engine, rows: list[dict], args, batch: int) -> dict:
            "mean_latency_s": mean("latency_s"), "mean_ttft_s": mean("ttft_s"), "reasoned_share": mean("reasoned"),
            "mode": args.mode, "budget": args.budget, "parallel": args.parallel, "vote": args.vote,
            "temperature": args.temperature, "data": str(args.data), "model": engine.model_id,
-           "system": args.system, "batch": batch, "precision": engine.precision, "kv": engine.kv,
+           "system": args.system, "batch": batch,
+           "adapter": reasoning_adapter_name(engine), "precision": engine.precision, "kv": engine.kv,
            "group_size": getattr(args, "group_size", None), "decode": engine.decode,
            "ff_keep": engine.ff_keep if engine.decode != "dense" else None}
     if batch > 1:  # one prefill serves the whole batch: per-question TTFT is not measured
@@ -160,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=None, help="default: 0 for one stream, 0.7 for parallel")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model", default=EngineConfig().model_id)
+    p.add_argument("--adapter", default=None, help="reasoning adapter from the library (default: the model's own)")
     p.add_argument("--precision", choices=PRECISIONS, default=None, help="weights (default: the model's, as the app runs it)")
     p.add_argument("--kv", choices=KV_FORMATS, default=EngineConfig().kv, help="KV cache format")
     p.add_argument("--group-size", type=int, choices=GROUP_SIZES, default=GROUP_SIZE, help="int4 group size")
@@ -185,7 +192,9 @@ def main(argv=None) -> int:
     items = load_items(args.data, args.limit, args.offset)
     engine = load_engine(EngineConfig(model_id=args.model, precision=args.precision, kv=args.kv,
                                       group_size=args.group_size, head_bits=args.head_bits, decode=args.decode,
-                                      ff_keep=args.ff_keep), reasoning=True)
+                                      ff_keep=args.ff_keep, reasoning_adapter=args.adapter), reasoning=True)
+    if args.adapter and reasoning_adapter_name(engine) != args.adapter:
+        raise ValueError(f"the reasoning adapter '{args.adapter}' did not load: {' '.join(engine.warnings)}")
     if args.route_only:
         if not args.expect:
             raise ValueError("--route-only needs --expect reason|base")

@@ -60,3 +60,28 @@ def test_sft_encodes_a_distilled_trace_like_any_trace(tiny_engine):
     text = tiny_engine.tokenizer.decode(response)
     assert "3 + 4 = 7" in text and text.endswith("\\boxed{7}.<|im_end|>")
     assert tiny_engine.tokenizer.decode(prompt).endswith("<think>\n")
+
+
+def test_ponder_eval_runs_the_library_adapter_it_is_given_and_refuses_a_missing_one(tmp_path, tiny_store, tiny_hf_dir,
+                                                                                     capsys):
+    """Dev-split comparisons of a freshly trained adapter (`ponder train sft --name`) against the shipped one."""
+    import torch
+
+    from app.cli import run_cli
+    from core import adapters
+    from core.adapter_library import AdapterLibrary
+    from core.loading import load_plain
+
+    folder = tmp_path / "fresh"
+    model = adapters.attach_new(load_plain(tiny_hf_dir, torch.bfloat16), rank=4)
+    adapters.save_adapter(model, folder, {"kind": "reasoning", "base_fingerprint": adapters.base_fingerprint(tiny_hf_dir)})
+    AdapterLibrary(store=tiny_store).add_from_folder(folder, TINY_ID, "fresh", kind="reasoning")
+    data = tmp_path / "dev.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in GSM))
+    argv = ["eval", "--data", str(data), "--model", TINY_ID, "--precision", "bf16", "--kv", "bf16", "--budget", "4",
+            "--answer-max-tokens", "4", "--limit", "2", "--json"]
+    assert run_cli(argv + ["--adapter", "fresh"]) == 0
+    summary = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert summary["adapter"] == "fresh" and summary["n"] == 2 and summary["mode"] == "reason"
+    assert run_cli(argv + ["--adapter", "no-such-adapter"]) == 2
+    assert "did not load" in capsys.readouterr().err
