@@ -19,6 +19,7 @@ from pathlib import Path
 
 from .config import EngineConfig, SamplingConfig
 from .datasets import Item, load_items
+from .sft_data import unbox
 from .voting import is_correct, last_boxed
 
 TEACHER_SYSTEM = "Please reason step by step, and put your final answer within \\boxed{}."
@@ -42,9 +43,7 @@ def pick_trace(samples: list[Sample], gold: str, max_trace_tokens: int) -> tuple
 def trace_row(item: Item, sample: Sample, provenance: dict) -> dict:
     """A trace row: the sample's reasoning with its boxed answer written plainly (SFT adds the boxed answer after
     `</think>`), and the gold answer."""
-    boxed = last_boxed(sample.text)
-    thinking = sample.text.replace(f"\\boxed{{{boxed}}}", boxed).strip()
-    return {"question": item.prompt, "thinking": thinking, "answer": item.gold,
+    return {"question": item.prompt, "thinking": unbox(sample.text), "answer": item.gold,
             "provenance": {**provenance, "trace_tokens": sample.tokens}}
 
 

@@ -104,6 +104,15 @@ def encode_example(tokenizer, ex: SftExample) -> tuple[list[int], list[int]]:
     return prompt, response
 
 
+def unbox(text: str) -> str:
+    """A reply's reasoning with its last `\\boxed{x}` written as plain `x` (a trace's boxed answer comes after
+    `</think>`, added by `encode_example`)."""
+    from .voting import last_boxed
+
+    boxed = last_boxed(text)
+    return (text if boxed is None else text.replace(f"\\boxed{{{boxed}}}", boxed)).strip()
+
+
 def traces_from_eval(rows: list[dict], questions: dict[int, tuple[str, str]]) -> list[dict]:
     """Trace rows (question, thinking, answer) from the *correct* rows of a `ponder eval --out` file, so a model's
     own right answers become training data (self-distillation / rejection sampling). `questions` maps a row's
@@ -121,9 +130,7 @@ def traces_from_eval(rows: list[dict], questions: dict[int, tuple[str, str]]) ->
         boxed = last_boxed(thinking)
         if boxed is None and not row.get("thinking"):
             continue
-        if boxed is not None:
-            thinking = thinking.replace(f"\\boxed{{{boxed}}}", boxed)
-        traces.append({"question": question, "thinking": thinking.strip(), "answer": gold})
+        traces.append({"question": question, "thinking": unbox(thinking), "answer": gold})
     return traces
 
 
