@@ -145,11 +145,35 @@ def save_quantized(model: nn.Module, folder: Path, bits: int, head_bits: int | N
     model.config.save_pretrained(folder)
 
 
+COPIED_SUFFIXES = ("._data", "._scale", PACKED_DATA, PACKED_SCALES)
+
+
+def read_weights(path: Path, group: int = 16) -> dict[str, torch.Tensor]:
+    """The saved tensors: quantized ones copied into fresh, aligned buffers (the packed CPU kernels can fault on
+    unaligned data), the rest (embedding, norms, biases) left on a file mapping of their own.
+
+    A page read through a mapping stays resident while the mapping lives. Copying through the mapping that also
+    backs the embedding kept every copied page twice (~255 MB for the 0.5B), and copying through one mapping
+    peaks at twice the copied bytes; so copies go through short-lived mappings of `group` tensors each, and
+    the embedding's mapping reads in only the rows of the tokens seen, the way llama.cpp maps its GGUF."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        keys = list(f.keys())
+    copied = [k for k in keys if k.endswith(COPIED_SUFFIXES)]
+    state = {}
+    for start in range(0, len(copied), group):
+        with safe_open(str(path), framework="pt") as f:
+            state.update({k: f.get_tensor(k).clone() for k in copied[start:start + group]})
+    with safe_open(str(path), framework="pt") as f:
+        state.update({k: f.get_tensor(k) for k in keys if not k.endswith(COPIED_SUFFIXES)})
+    return state
+
+
 def load_quantized(folder: Path) -> nn.Module:
     """Rebuild a Qwen2 model on `meta` and adopt the saved tensors as they are: no re-quantizing, no dense copy."""
     from optimum.quanto.quantize import _quantize_submodule
     from optimum.quanto.tensor.weights.tinygemm import TinyGemmPackedTensor
-    from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForCausalLM
 
     folder = Path(folder)
@@ -166,10 +190,7 @@ def load_quantized(folder: Path) -> nn.Module:
     for name, module in list(model.named_modules()):  # swap in quantized modules, still on meta
         if name in qmap:
             _quantize_submodule(model, name, module, weights=qmap[name]["weights"])
-    state = load_file(str(folder / WEIGHTS_FILE))
-    for key in list(state):  # fresh, aligned buffers: the packed CPU kernels can fault on unaligned data
-        if key.endswith(("._data", "._scale", PACKED_DATA, PACKED_SCALES)):
-            state[key] = state.pop(key).clone()
+    state = read_weights(folder / WEIGHTS_FILE)
     packed = {k[: -len(PACKED_DATA)] for k in state if k.endswith(PACKED_DATA)}
     plain = {k: v for k, v in state.items() if not k.endswith((PACKED_DATA, PACKED_SCALES))}
     model.load_state_dict(plain, strict=False, assign=True)

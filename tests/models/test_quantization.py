@@ -141,3 +141,31 @@ def test_engine_config_group_size_gets_its_own_folder(tiny_store):
     assert model.model.layers[0].mlp.down_proj.weight._group_size == 32
     with pytest.raises(ValueError, match="group_size"):
         EngineConfig(group_size=48)
+
+
+def mapped_file(tensor: torch.Tensor) -> str | None:
+    """The file whose mapping holds `tensor`'s data ("" for anonymous memory), from /proc/self/maps."""
+    ptr = tensor.data_ptr()
+    for line in open("/proc/self/maps"):
+        fields = line.split()
+        low, high = (int(x, 16) for x in fields[0].split("-"))
+        if low <= ptr < high:
+            return fields[5] if len(fields) > 5 else ""
+    return None
+
+
+def test_restored_weights_copy_the_packed_tensors_and_map_the_embedding(tmp_path):
+    """The packed int4 tensors are aligned copies of their own; the embedding stays on the file's mapping, so only
+    the rows of the tokens seen are ever read in (the window's resident memory, issue #12)."""
+    from models.quantization import PACKED_DATA, read_weights, save_quantized
+
+    save_quantized(quantize_model(make_model(448), 4, head_bits=4), tmp_path, 4, 4)
+    path = tmp_path / "model.safetensors"
+    state = read_weights(path)
+    assert mapped_file(state["model.embed_tokens.weight"]) == str(path)
+    packed = [k for k in state if k.endswith(PACKED_DATA)]
+    assert packed
+    for key in packed:
+        assert mapped_file(state[key]) != str(path) and state[key].data_ptr() % 64 == 0
+    restored = load_quantized(tmp_path)
+    assert mapped_file(restored.model.embed_tokens.weight) == str(path)
