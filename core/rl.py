@@ -8,6 +8,13 @@ sampled token, thinking and answer (`length="total"`, the paper's choice: a thin
 `</think>` early and reasoning on in the answer; `length="thinking"` is there for comparison). The forced close
 is fed by the engine, not sampled, so it counts in neither L nor the loss.
 
+On a quantized base (w4/w8/w4-fpt) the rollouts are decoded by a second engine: the int4/int8 model as the app
+serves it (packed kernels, the lean LoRA path), its adapter overwritten with the trained one's tensors before
+every step. The update runs on the base's exact dequantized copy with dense kernels for backward (QAMR). The two
+compute the same function up to kernel rounding, the way RL frameworks decode with an inference engine and
+train with another. Decoding on the dense fp32 training copy cost ~3× as long a step (4 rows, one thread each:
+635 against 205 ms with another job on the second core).
+
 The update is the same two-pass masked forward as SFT: the prefix runs base-only without gradient (its cache is
 exactly what inference reuses), the response runs with the adapter on; per-token log-probs of the sampled tokens
 at the rollout temperature. The first thinking token is predicted by the base prefill, does not depend on the
@@ -147,8 +154,10 @@ def load_problems(paths: list[str]) -> list[tuple[str, str]]:
     return problems
 
 
+@torch.no_grad()
 def rollout(engine: Engine, question: str, budget: int, args: RlArgs, seed: int) -> tuple[list[int], list[Sample]]:
-    """G samples from one base prefill, decoded as one batch; returns the prefix ids and the samples."""
+    """G samples from one base prefill, decoded as one batch without autograd (the update recomputes what it
+    needs); returns the prefix ids and the samples."""
     ids = engine.prompt_ids(question, reasoning_system(budget))
     cache = new_cache(engine.model.config, "bf16")
     logits, _ = engine.open_prompt(ids, "reason", cache)
@@ -168,6 +177,20 @@ def rollout(engine: Engine, question: str, budget: int, args: RlArgs, seed: int)
                               len(row.thinking_ids), len(row.answer_ids), row.budget_hit,
                               row.answer_text(engine.markers)))
     return ids + list(engine.markers.think_open), samples
+
+
+def rollout_engine(engine: Engine) -> Engine:
+    """The engine that decodes rollouts, holding the trained adapter's current weights: the served quantized
+    model (`engine.rollouts`, set by `setup` for w4/w8/w4-fpt bases) or else the training model itself."""
+    served = getattr(engine, "rollouts", None)
+    if served is None:
+        return engine
+    current = dict(served.model.named_parameters())
+    with torch.no_grad():
+        for name, p in engine.model.named_parameters():
+            if p.requires_grad:
+                current[name].copy_(p)
+    return served
 
 
 def score(samples: list[Sample], gold: str, budget: int, args: RlArgs) -> None:
@@ -210,13 +233,19 @@ def setup(args: RlArgs, store: ModelStore | None = None):
     if adapters.adapter_meta(start).get("base_fingerprint") not in (None, fingerprint):
         raise ValueError(f"the adapter in {start} was trained on other base weights")
     adapters.check_adapter(start)
-    base = load_model(installed, EngineConfig(model_id=args.model_id, precision=args.precision))
+    weights = EngineConfig(model_id=args.model_id, precision=args.precision)
+    tokenizer = load_tokenizer(installed.hf_dir)
+    base = load_model(installed, weights)
     if args.precision.startswith("w"):
         base = dequantized_copy(base)  # the quantized base's function, dense kernels for backward
     base = base.float() if args.compute == "fp32" else base.to(torch.bfloat16)
     model = adapters.load_adapter(base, start, trainable=True)
-    engine = Engine(model, load_tokenizer(installed.hf_dir), model_id=args.model_id, precision=args.precision,
+    engine = Engine(model, tokenizer, model_id=args.model_id, precision=args.precision,
                     kv="bf16", adapter_name=adapters.ADAPTER_NAME)
+    if args.precision.startswith("w"):  # rollouts on the int4/int8 kernels the app serves with
+        served = adapters.load_adapter(load_model(installed, weights), start)
+        engine.rollouts = Engine(served, tokenizer, model_id=args.model_id, precision=args.precision, kv="bf16",
+                                 adapter_name=adapters.ADAPTER_NAME)
     params = [p for p in model.parameters() if p.requires_grad]
     ref = [p.detach().clone() for p in params]
     optim = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
@@ -276,7 +305,7 @@ def run(args: RlArgs, rd: RunDir, *, store: ModelStore | None = None, resume: bo
         rng = random.Random(f"{args.seed}:{step}")  # the step's question and budget, the same after a resume
         question, gold = rng.choice(problems)
         budget = rng.choice(args.budgets)
-        prefix, samples = rollout(engine, question, budget, args, seed=args.seed * 1_000_003 + step)
+        prefix, samples = rollout(rollout_engine(engine), question, budget, args, seed=args.seed * 1_000_003 + step)
         t1 = time.perf_counter()
         score(samples, gold, budget, args)
         adv = group_advantages([s.reward for s in samples])

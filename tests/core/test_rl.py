@@ -187,3 +187,31 @@ def test_ponder_train_rl_cli_saves_into_the_adapter_library(tmp_path, tiny_store
     assert events[-1]["folder"] == str(card.folder) and "reward" in card.metrics
     assert run_cli(common + ["--budgets", "six"]) == 2
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["event"] == "error"
+
+
+def test_quantized_base_rolls_out_on_the_served_int4_model_with_the_trained_adapter(tmp_path, tiny_store,
+                                                                                    start_adapter):
+    """On a w4 base the update trains a dense dequantized copy while rollouts decode on the int4 model the app
+    serves; before each rollout the served adapter is given the trained one's current tensors."""
+    from core.rl import rollout_engine, setup
+
+    data = tmp_path / "gsm.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in GSM))
+    args = RlArgs(data=(str(data),), adapter=str(start_adapter), budgets=(6,), group=2, answer_tokens=4,
+                  model_id=TINY_ID, precision="w4", threads=1)
+    _, engine, ref, optim, _, _ = setup(args, tiny_store)
+    served = engine.rollouts
+    assert any(type(m).__name__ == "QLinear" for m in served.model.modules())
+    assert not any(type(m).__name__ == "QLinear" for m in engine.model.modules())
+    trained = {n: p for n, p in engine.model.named_parameters() if p.requires_grad}
+    with torch.no_grad():
+        for p in trained.values():
+            p.add_(0.01)
+    assert rollout_engine(engine) is served
+    current = dict(served.model.named_parameters())
+    assert all(torch.equal(current[n].float(), p.float()) for n, p in trained.items())
+    prefix, samples = rollout(served, GSM[0]["question"], 6, args, seed=2)
+    assert len(samples) == 2 and all(s.thinking_tokens <= 6 for s in samples)
+    stats = policy_update(engine.model, optim, prefix, samples, [1.0, -1.0], ref, clip=args.clip, kl=args.kl,
+                          temperature=args.temperature)
+    assert math.isfinite(stats["loss"])
