@@ -37,8 +37,10 @@ def main(argv: list[str]) -> int:
         engine = load_engine(EngineConfig(model_id=args.model), reasoning=False)
         reason = [i for f in args.reason_data for i in load_items(f, args.per_file, shuffle_seed=args.seed)]
         chat = [i for f in args.chat_data for i in load_items(f, args.per_file * len(args.reason_data))]
+        source = {"data": [f"{Path(f).parent.name}/{Path(f).name}" for f in args.reason_data + args.chat_data],
+                  "per_file": args.per_file, "seed": args.seed, "command": " ".join(["ponder", "train", what, *rest])}
         metrics = train_switcher(engine, reason, chat, args.out, seed=args.seed, report=say,
-                                 features_cache=args.features_cache)
+                                 features_cache=args.features_cache, source=source)
     else:
         engine = load_engine(EngineConfig(model_id=args.model), reasoning=True)
         if not engine.can_reason:

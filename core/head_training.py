@@ -84,11 +84,15 @@ def split(n: int, val_share: float, seed: int):
 
 
 def train_switcher(engine, reason_items: list[Item], chat_items: list[Item], out: Path, *, seed: int = 0,
-                   noise: float = 0.5, val_share: float = 0.2, report=print, features_cache: Path | None = None) -> dict:
+                   noise: float = 0.5, val_share: float = 0.2, report=print, features_cache: Path | None = None,
+                   source: dict | None = None) -> dict:
+    """Fit the switcher on pooled prefill features of reasoning (1) and chat (0) prompts; `source` (data, command)
+    is saved in head.json beside the metrics so the shipped head says how it was made."""
     from safetensors.torch import load_file, save_file
 
     prompts = [i.prompt for i in reason_items] + [i.prompt for i in chat_items]
     labels = torch.tensor([1.0] * len(reason_items) + [0.0] * len(chat_items))
+    source = dict(source or {})
     if features_cache is not None and Path(features_cache).is_file():
         x = load_file(str(features_cache))["x"]
         if x.shape[0] != len(prompts):
@@ -96,7 +100,8 @@ def train_switcher(engine, reason_items: list[Item], chat_items: list[Item], out
     else:
         t = time.perf_counter()
         x = switcher_features(engine, prompts).float()
-        report(f"features: {len(prompts)} prompts in {time.perf_counter() - t:.0f}s")
+        source["feature_seconds"] = round(time.perf_counter() - t)
+        report(f"features: {len(prompts)} prompts in {source['feature_seconds']}s")
         if features_cache is not None:
             save_file({"x": x.contiguous()}, str(features_cache))
     tr, va = split(len(prompts), val_share, seed)
@@ -105,7 +110,7 @@ def train_switcher(engine, reason_items: list[Item], chat_items: list[Item], out
                "val_auc": auc(head, x[va], labels[va]), "n_train": len(tr), "n_val": len(va)}
     save_head(head, out, {"kind": "switcher", "hidden_size": x.shape[1], "width": 8, "threshold": 0.5, "chunk": 128,
                           "alpha": 0.5, "noise": noise, "model": engine.model_id, "precision": engine.precision,
-                          **metrics})
+                          **metrics, "trained_on": source})
     return metrics
 
 

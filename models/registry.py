@@ -138,7 +138,8 @@ WHEEL_PINS: dict[str, tuple[str, str]] = {
 
 
 def _qwen(id, name, params, hidden, layers, kv_heads, vocab=151936, **kw) -> ModelSpec:
-    return ModelSpec(id, name, params, hidden, layers, kv_heads, 128 if hidden >= 2048 else 64, vocab, **kw)
+    """Qwen2.5's heads are 64 wide in the 0.5B (896 / 14) and 128 in every larger size (1536 / 12, 2048 / 16, …)."""
+    return ModelSpec(id, name, params, hidden, layers, kv_heads, 64 if hidden < 1024 else 128, vocab, **kw)
 
 
 DEFAULT_MODEL_ID = "qwen2.5-coder-0.5b-instruct"

@@ -27,8 +27,12 @@ def test_switcher_trains_saves_and_routes(engine, tmp_path):
     reason = [Item(f"What is {a}*{a + 3}? Think step by step.", str(a * (a + 3)), "gsm8k") for a in range(12)]
     chat = [Item(f"Write a short poem about the {w}.", None, "alpaca") for w in
             ["sea", "sky", "dog", "cat", "tree", "sun", "moon", "rain", "snow", "wind", "city", "road"]]
-    metrics = train_switcher(engine, reason, chat, tmp_path / "sw", report=lambda m: None)
+    metrics = train_switcher(engine, reason, chat, tmp_path / "sw", report=lambda m: None,
+                             source={"command": "ponder train switcher --per-file 12"})
     assert metrics["n_train"] + metrics["n_val"] == 24 and metrics["train_accuracy"] >= 0.5
+    saved = json.loads((tmp_path / "sw" / "head.json").read_text())
+    assert saved["trained_on"]["command"] == "ponder train switcher --per-file 12"
+    assert saved["trained_on"]["feature_seconds"] >= 0 and saved["hidden_size"] == 128
     router = Router.load(tmp_path / "sw")
     engine.router = router
     try:
