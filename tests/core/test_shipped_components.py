@@ -1,0 +1,58 @@
+"""The components shipped in resources/ fit the models they are shipped for, and say how they were made.
+
+Read from the files alone (no model load): every model folder names a known model, the reasoning adapter's
+LoRA tensors have that model's shapes, the heads read that model's hidden size, and each records the command
+that made it, so a component copied into the wrong folder or trained on another model fails here.
+"""
+import json
+
+import pytest
+from safetensors import safe_open
+
+from core.paths import resource_dir
+from models.registry import KNOWN_MODELS
+
+COMPONENTS = resource_dir() / "components"
+MODEL_DIRS = sorted(p for p in COMPONENTS.iterdir() if p.is_dir())
+
+
+def test_every_component_folder_is_a_known_model():
+    assert MODEL_DIRS, "no shipped components"
+    assert {p.name for p in MODEL_DIRS} <= set(KNOWN_MODELS)
+
+
+@pytest.mark.parametrize("model_dir", MODEL_DIRS, ids=lambda p: p.name)
+def test_reasoning_adapter_matches_its_model(model_dir):
+    folder = model_dir / "reasoning"
+    if not folder.is_dir():
+        pytest.skip("no reasoning adapter shipped for this model")
+    spec = KNOWN_MODELS[model_dir.name]
+    meta = json.loads((folder / "ponder_adapter.json").read_text())
+    config = json.loads((folder / "adapter_config.json").read_text())
+    assert meta["kind"] == "reasoning" and meta["base_model"] == model_dir.name
+    assert meta["command"].startswith("ponder train sft") and meta["traces_from"]
+    rank = config["r"]
+    with safe_open(str(folder / "adapter_model.safetensors"), "pt") as f:
+        names = list(f.keys())
+        layers = {int(n.split(".layers.")[1].split(".")[0]) for n in names}
+        assert layers == set(range(spec.num_layers))
+        q_a = next(n for n in names if "q_proj.lora_A" in n)
+        assert tuple(f.get_slice(q_a).get_shape()) == (rank, spec.hidden_size)
+        k_b = next(n for n in names if "k_proj.lora_B" in n)
+        assert tuple(f.get_slice(k_b).get_shape()) == (spec.num_kv_heads * spec.head_dim, rank)
+    for line in (folder / "train_traces.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        assert row["question"] and row["thinking"] and row["answer"]  # distill rows also carry provenance
+        assert row.get("provenance", {"right": 1})["right"]
+
+
+@pytest.mark.parametrize("model_dir", MODEL_DIRS, ids=lambda p: p.name)
+@pytest.mark.parametrize("kind", ["switcher", "verifier"])
+def test_heads_read_their_models_hidden_states(model_dir, kind):
+    folder = model_dir / kind
+    if not folder.is_dir():
+        pytest.skip(f"no {kind} shipped for this model")
+    head = json.loads((folder / "head.json").read_text())
+    assert head["kind"] == kind and head["model"] == model_dir.name
+    assert head["hidden_size"] == KNOWN_MODELS[model_dir.name].hidden_size
+    assert head["trained_on"]["command"].startswith(f"ponder train {kind}")
