@@ -14,18 +14,19 @@ from models.registry import KNOWN_MODELS
 
 COMPONENTS = resource_dir() / "components"
 MODEL_DIRS = sorted(p for p in COMPONENTS.iterdir() if p.is_dir())
+ADAPTERS = [p for p in MODEL_DIRS if (p / "reasoning").is_dir()]
+HEADS = [(p, kind) for p in MODEL_DIRS for kind in ("switcher", "verifier") if (p / kind).is_dir()]
 
 
-def test_every_component_folder_is_a_known_model():
+def test_every_component_folder_is_a_known_model_with_adapter_and_switcher():
     assert MODEL_DIRS, "no shipped components"
     assert {p.name for p in MODEL_DIRS} <= set(KNOWN_MODELS)
+    assert set(ADAPTERS) == set(MODEL_DIRS) and {p for p, kind in HEADS if kind == "switcher"} == set(MODEL_DIRS)
 
 
-@pytest.mark.parametrize("model_dir", MODEL_DIRS, ids=lambda p: p.name)
+@pytest.mark.parametrize("model_dir", ADAPTERS, ids=lambda p: p.name)
 def test_reasoning_adapter_matches_its_model(model_dir):
     folder = model_dir / "reasoning"
-    if not folder.is_dir():
-        pytest.skip("no reasoning adapter shipped for this model")
     spec = KNOWN_MODELS[model_dir.name]
     meta = json.loads((folder / "ponder_adapter.json").read_text())
     config = json.loads((folder / "adapter_config.json").read_text())
@@ -46,12 +47,9 @@ def test_reasoning_adapter_matches_its_model(model_dir):
         assert row.get("provenance", {"right": 1})["right"]
 
 
-@pytest.mark.parametrize("model_dir", MODEL_DIRS, ids=lambda p: p.name)
-@pytest.mark.parametrize("kind", ["switcher", "verifier"])
+@pytest.mark.parametrize(("model_dir", "kind"), HEADS, ids=lambda v: getattr(v, "name", v))
 def test_heads_read_their_models_hidden_states(model_dir, kind):
     folder = model_dir / kind
-    if not folder.is_dir():
-        pytest.skip(f"no {kind} shipped for this model")
     head = json.loads((folder / "head.json").read_text())
     assert head["kind"] == kind and head["model"] == model_dir.name
     assert head["hidden_size"] == KNOWN_MODELS[model_dir.name].hidden_size
