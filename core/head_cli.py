@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 from .config import EngineConfig
@@ -11,6 +12,8 @@ from .datasets import load_items
 
 
 def main(argv: list[str]) -> int:
+    import torch
+
     from .head_training import SAMPLING_TEMPERATURE, SAMPLING_TOP_P, train_switcher, train_verifier, verifier_data
     from .loading import load_engine
 
@@ -47,23 +50,27 @@ def main(argv: list[str]) -> int:
             raise ValueError("the verifier scores reasoning answers: install or train the reasoning adapter first")
         per_file = max(1, args.questions // len(args.data))
         items = [i for f in args.data for i in load_items(f, per_file, shuffle_seed=args.seed)]
+        started = time.monotonic()
         if args.features_cache is not None and args.features_cache.is_file():
             from safetensors.torch import load_file
 
             saved = load_file(str(args.features_cache))
             x, y, groups = saved["x"], saved["y"], saved["groups"]
+            sampling_seconds = saved["seconds"].item() if "seconds" in saved else None
         else:
             x, y, groups = verifier_data(engine, items, samples=args.samples, budget=args.budget, seed=args.seed,
                                          report=say)
+            sampling_seconds = time.monotonic() - started
             if args.features_cache is not None:
                 from safetensors.torch import save_file
 
-                save_file({"x": x.contiguous(), "y": y.contiguous(), "groups": groups.contiguous()},
-                          str(args.features_cache))
+                save_file({"x": x.contiguous(), "y": y.contiguous(), "groups": groups.contiguous(),
+                           "seconds": torch.tensor([sampling_seconds], dtype=torch.float64)}, str(args.features_cache))
         source = {"data": [f"{Path(f).parent.name}/{Path(f).name}" for f in args.data],
                   "questions": args.questions, "samples": args.samples, "budget": args.budget, "seed": args.seed,
                   "temperature": SAMPLING_TEMPERATURE, "top_p": SAMPLING_TOP_P,
-                  "command": " ".join(["ponder", "train", what, *rest])}
+                  "command": " ".join(["ponder", "train", what, *rest]),
+                  "sampling_seconds": None if sampling_seconds is None else round(sampling_seconds)}
         metrics = train_verifier(x, y, groups, args.out, hidden_size=x.shape[1], model_id=engine.model_id,
                                  precision=engine.precision, seed=args.seed,
                                  source=source)

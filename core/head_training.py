@@ -191,6 +191,36 @@ def pick_weight_decay(x: torch.Tensor, y: torch.Tensor, groups: torch.Tensor, hi
     return max(scores, key=scores.get), scores
 
 
+def within_question_auc_oof(x: torch.Tensor, y: torch.Tensor, groups: torch.Tensor, hidden_size: int,
+                            weight_decay: float, folds: int = 5, seed: int = 0) -> dict:
+    """Out-of-fold (folds by question) AUC among each question's own answers, averaged over the questions with
+    both right and wrong ones: the ranking a weighted vote needs (0.5 is a coin), which the pooled AUC hides."""
+    ids = sorted(set(groups.tolist()))
+    random.Random(seed).shuffle(ids)
+    scores = torch.empty(len(y))
+    for k in range(folds):
+        held = set(ids[k::folds])
+        va = [i for i, g in enumerate(groups.tolist()) if g in held]
+        tr = [i for i, g in enumerate(groups.tolist()) if g not in held]
+        if not va or not tr:
+            continue
+        head = fit_head(VerifierHead(hidden_size), x[tr], y[tr], epochs=300, lr=5e-3, weight_decay=weight_decay,
+                        seed=seed)
+        with torch.no_grad():
+            scores[va] = head(x[va]).float()
+    per_question = []
+    for g in ids:
+        mask = groups == g
+        s, lab = scores[mask], y[mask]
+        pos, neg = s[lab == 1], s[lab == 0]
+        if len(pos) and len(neg):
+            per_question.append(((pos[:, None] > neg[None, :]).float().mean()
+                                 + 0.5 * (pos[:, None] == neg[None, :]).float().mean()).item())
+    return {"auc": round(sum(per_question) / len(per_question), 3) if per_question else None,
+            "questions_with_both": len(per_question),
+            "note": f"{folds}-fold by question, weight decay {weight_decay}, out-of-fold scores"}
+
+
 def train_verifier(x: torch.Tensor, y: torch.Tensor, groups: torch.Tensor, out: Path, *, hidden_size: int,
                    model_id: str, precision: str, seed: int = 0, val_share: float = 0.2,
                    source: dict | None = None) -> dict:
@@ -201,7 +231,8 @@ def train_verifier(x: torch.Tensor, y: torch.Tensor, groups: torch.Tensor, out: 
     metrics = {"train_accuracy": accuracy(head, x[tr], y[tr]), "val_accuracy": accuracy(head, x[va], y[va]),
                "val_auc": auc(head, x[va], y[va]), "n_train": len(tr), "n_val": len(va),
                "positive_share": y.mean().item(), "weight_decay": wd,
-               "cv_auc": {str(k): round(v, 4) for k, v in cv.items()}}
+               "cv_auc": {str(k): round(v, 4) for k, v in cv.items()},
+               "within_question_auc_oof": within_question_auc_oof(x, y, groups, hidden_size, wd, seed=seed)}
     save_head(head, out, {"kind": "verifier", "hidden_size": hidden_size, "model": model_id, "precision": precision,
                           **metrics,
                           "trained_on": source or {}})

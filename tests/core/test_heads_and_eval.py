@@ -9,7 +9,7 @@ from core import adapters
 from core.datasets import Item, load_items
 from core.engine import Engine
 from core.evaluate import evaluate
-from core.head_training import train_switcher, train_verifier, verifier_data
+from core.head_training import train_switcher, train_verifier, verifier_data, within_question_auc_oof
 from core.router import Router
 from core.verifier import Verifier
 from core.voting import is_correct
@@ -53,7 +53,22 @@ def test_verifier_data_and_training(engine, tmp_path):
     y = torch.tensor([1.0, 0.0, 1.0, 0.0])  # the random model is never right: give the fit both classes
     metrics = train_verifier(x, y, groups, tmp_path / "v", hidden_size=128, model_id="tiny", precision="bf16")
     assert metrics["n_train"] + metrics["n_val"] == 4
+    assert metrics["within_question_auc_oof"]["questions_with_both"] == 2
     assert Verifier.load(tmp_path / "v").scores(x[:2]).__len__() == 2
+
+
+def test_within_question_auc_sees_the_ranking_inside_each_question():
+    """Questions differ by a large random offset (what a pooled AUC mostly learns); right answers differ from wrong
+    ones of the same question along one direction. Out of fold, that ranking is found; shuffled labels give none."""
+    gen = torch.Generator().manual_seed(0)
+    groups = torch.arange(20).repeat_interleave(4)
+    y = torch.tensor([1.0, 0.0, 0.0, 1.0] * 20)
+    x = 5 * torch.randn(20, 16, generator=gen)[groups] + 0.1 * torch.randn(80, 16, generator=gen)
+    x[:, 0] += y
+    found = within_question_auc_oof(x, y, groups, 16, weight_decay=0.1)
+    assert found["questions_with_both"] == 20 and found["auc"] > 0.9
+    x[:, 0] -= y  # the direction gone: what is left is noise
+    assert within_question_auc_oof(x, y, groups, 16, weight_decay=0.1)["auc"] < 0.75
 
 
 def test_evaluate_reports_the_agreed_fields(engine, tmp_path):
