@@ -18,10 +18,12 @@ ADAPTERS = [p for p in MODEL_DIRS if (p / "reasoning").is_dir()]
 HEADS = [(p, kind) for p in MODEL_DIRS for kind in ("switcher", "verifier") if (p / kind).is_dir()]
 
 
-def test_every_component_folder_is_a_known_model_with_adapter_and_switcher():
+def test_every_component_folder_is_a_known_model_with_the_full_stack():
     assert MODEL_DIRS, "no shipped components"
     assert {p.name for p in MODEL_DIRS} <= set(KNOWN_MODELS)
-    assert set(ADAPTERS) == set(MODEL_DIRS) and {p for p, kind in HEADS if kind == "switcher"} == set(MODEL_DIRS)
+    assert set(ADAPTERS) == set(MODEL_DIRS)
+    for kind in ("switcher", "verifier"):
+        assert {p for p, k in HEADS if k == kind} == set(MODEL_DIRS), f"a model without its {kind}"
 
 
 @pytest.mark.parametrize("model_dir", ADAPTERS, ids=lambda p: p.name)
@@ -54,3 +56,5 @@ def test_heads_read_their_models_hidden_states(model_dir, kind):
     assert head["kind"] == kind and head["model"] == model_dir.name
     assert head["hidden_size"] == KNOWN_MODELS[model_dir.name].hidden_size
     assert head["trained_on"]["command"].startswith(f"ponder train {kind}")
+    if kind == "verifier":  # the ranking a weighted vote needs, measured out of fold, is part of what ships
+        assert 0.0 <= head["within_question_auc_oof"]["auc"] <= 1.0
