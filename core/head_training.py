@@ -67,13 +67,17 @@ def accuracy(head, x, y, threshold: float = 0.5) -> float:
         return ((torch.sigmoid(head(x)) >= threshold).float() == y).float().mean().item()
 
 
-def auc(head, x, y) -> float | None:
-    with torch.no_grad():
-        s = torch.sigmoid(head(x))
+def pairwise_auc(s: torch.Tensor, y: torch.Tensor) -> float | None:
+    """P(a right answer's score beats a wrong one's), ties half; None without both kinds."""
     pos, neg = s[y == 1], s[y == 0]
     if len(pos) == 0 or len(neg) == 0:
         return None
     return ((pos[:, None] > neg[None, :]).float().mean() + 0.5 * (pos[:, None] == neg[None, :]).float().mean()).item()
+
+
+def auc(head, x, y) -> float | None:
+    with torch.no_grad():
+        return pairwise_auc(torch.sigmoid(head(x)), y)
 
 
 def split(n: int, val_share: float, seed: int):
@@ -170,19 +174,27 @@ def group_split(groups: torch.Tensor, val_share: float, seed: int):
     return tr, va
 
 
+def question_folds(groups: torch.Tensor, folds: int, seed: int):
+    """(train, held-out) index lists of k folds by question (a question's answers stay on one side); folds with
+    nothing on either side are left out."""
+    ids = sorted(set(groups.tolist()))
+    random.Random(seed).shuffle(ids)
+    for k in range(folds):
+        held = set(ids[k::folds])
+        va = [i for i, g in enumerate(groups.tolist()) if g in held]
+        tr = [i for i, g in enumerate(groups.tolist()) if g not in held]
+        if va and tr:
+            yield tr, va
+
+
 def pick_weight_decay(x: torch.Tensor, y: torch.Tensor, groups: torch.Tensor, hidden_size: int, folds: int = 5,
                       seed: int = 0):
     """The L2 strength with the best mean k-fold AUC (folds by question): a few hundred samples in 896
     dimensions overfit easily."""
-    ids = sorted(set(groups.tolist()))
-    random.Random(seed).shuffle(ids)
     scores = {}
     for wd in WEIGHT_DECAYS:
         aucs = []
-        for k in range(folds):
-            held = set(ids[k::folds])
-            va = [i for i, g in enumerate(groups.tolist()) if g in held]
-            tr = [i for i, g in enumerate(groups.tolist()) if g not in held]
+        for tr, va in question_folds(groups, folds, seed):
             head = fit_head(VerifierHead(hidden_size), x[tr], y[tr], epochs=300, lr=5e-3, weight_decay=wd, seed=seed)
             a = auc(head, x[va], y[va])
             if a is not None:
@@ -195,27 +207,14 @@ def within_question_auc_oof(x: torch.Tensor, y: torch.Tensor, groups: torch.Tens
                             weight_decay: float, folds: int = 5, seed: int = 0) -> dict:
     """Out-of-fold (folds by question) AUC among each question's own answers, averaged over the questions with
     both right and wrong ones: the ranking a weighted vote needs (0.5 is a coin), which the pooled AUC hides."""
-    ids = sorted(set(groups.tolist()))
-    random.Random(seed).shuffle(ids)
     scores = torch.empty(len(y))
-    for k in range(folds):
-        held = set(ids[k::folds])
-        va = [i for i, g in enumerate(groups.tolist()) if g in held]
-        tr = [i for i, g in enumerate(groups.tolist()) if g not in held]
-        if not va or not tr:
-            continue
+    for tr, va in question_folds(groups, folds, seed):
         head = fit_head(VerifierHead(hidden_size), x[tr], y[tr], epochs=300, lr=5e-3, weight_decay=weight_decay,
                         seed=seed)
         with torch.no_grad():
             scores[va] = head(x[va]).float()
-    per_question = []
-    for g in ids:
-        mask = groups == g
-        s, lab = scores[mask], y[mask]
-        pos, neg = s[lab == 1], s[lab == 0]
-        if len(pos) and len(neg):
-            per_question.append(((pos[:, None] > neg[None, :]).float().mean()
-                                 + 0.5 * (pos[:, None] == neg[None, :]).float().mean()).item())
+    per_question = [a for g in set(groups.tolist())
+                    if (a := pairwise_auc(scores[groups == g], y[groups == g])) is not None]
     return {"auc": round(sum(per_question) / len(per_question), 3) if per_question else None,
             "questions_with_both": len(per_question),
             "note": f"{folds}-fold by question, weight decay {weight_decay}, out-of-fold scores"}
