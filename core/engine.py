@@ -29,6 +29,7 @@ from .cache import cache_bytes, crop, fork, new_cache
 from .chat_format import DEFAULT_SYSTEM, build_prompt_ids, stop_token_ids
 from .config import SamplingConfig
 from .events import Answer, Candidate, DoneEvent, GenerationStats, RouteDecision, TokenEvent
+from .fused_decode import FusedDecoder
 from .markers import ReasoningMarkers
 from .prompts import reasoning_system
 from .rows import Row, decode_rows, new_row
@@ -67,6 +68,8 @@ class Engine(AdapterChoice):
                  ff_keep: float = 0.5):
         use_decode_attention(model)
         lean_layers.install(model)
+        self.fused = FusedDecoder.build(model)
+        """Base-model decode steps as one function over the packed int4 weights (None for other weights)."""
         self.slots = AdapterSlots(model.eval(), adapter_name if adapters.is_adapted(model) else None)
         self.base_fingerprint: str | None = None
         """The base weights' fingerprint (set by the loader): adapters trained on other weights are refused."""
@@ -169,11 +172,14 @@ class Engine(AdapterChoice):
 
     def _decode(self, cache, logits, rows: list[Row], cfg: SamplingConfig, reasoning: bool, cancel,
                 skill: Loaded | None = None, **extra) -> Iterator[TokenEvent]:
-        """Decode steps run under the reasoning adapter, else the skill adapter, else the base model."""
-        adapter = functools.partial(self.slots.using, self.slots.reasoning if reasoning else skill)
+        """Decode steps run under the reasoning adapter, else the skill adapter, else the base model (through the
+        fused step where it applies)."""
+        item = self.slots.reasoning if reasoning else skill
+        adapter = functools.partial(self.slots.using, item)
+        fused = self.fused if item is None and self.decode == "dense" else None
         return decode_rows(self.model, cache, logits, rows, tokenizer=self.tokenizer, markers=self.markers,
                            eos_ids=self.eos_ids, cfg=cfg, generator=make_generator(cfg.seed), adapter=adapter,
-                           cancel=cancel, verifier=self.verifier, **extra)
+                           cancel=cancel, verifier=self.verifier, fused=fused, **extra)
 
     def stream(self, messages: Sequence[dict] | str, sampling: SamplingConfig | None = None, *, mode: str = "base",
                budget: int | None = 256, answer_max_tokens: int = 256, cancel: threading.Event | None = None,

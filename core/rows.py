@@ -186,13 +186,15 @@ def decode_rows(model, cache, logits: torch.Tensor | None, rows: list[Row], *, t
                 markers: ReasoningMarkers, eos_ids: set[int], cfg: SamplingConfig, generator: torch.Generator,
                 adapter: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
                 cancel: threading.Event | None = None, verifier=None, mask: torch.Tensor | None = None,
-                next_pos: torch.Tensor | None = None) -> Iterator[TokenEvent | PhaseEvent]:
+                next_pos: torch.Tensor | None = None, fused=None) -> Iterator[TokenEvent | PhaseEvent]:
     """Decode `rows` (batch order = cache rows) to the end, yielding TokenEvents as text becomes final (and, with
     several rows, a PhaseEvent when a row starts verifying or is done).
 
     logits: (B, V) next-token logits after the prefill (None when every row starts with pending tokens).
     adapter: context to run decode steps under (the adapter on, or `adapters.base` for base answers).
     mask, next_pos: attention mask (B, L) and next positions (B,) for left-padded prompts; None otherwise.
+    fused: a core.fused_decode.FusedDecoder for the steps it takes (one token per row, no mask, no scoring),
+    given only when `adapter` runs the base model; None: every step goes through `model`.
     Rows are updated in place: phase, text, token ids, finish reason, verifier score, where the trace ends.
     """
     step = _Step(tokenizer, markers, eos_ids, cfg)
@@ -234,6 +236,9 @@ def decode_rows(model, cache, logits: torch.Tensor | None, rows: list[Row], *, t
             mask = torch.cat([mask, mask.new_ones(len(active), k)], dim=1)
             extra = {"attention_mask": mask, "position_ids": next_pos.view(-1, 1) + torch.arange(k)}
             next_pos = next_pos + k
+        if fused is not None and k == 1 and mask is None and not scoring and fused.takes(cache):
+            logits = fused.step(inputs[:, 0], cache)
+            continue
         with adapter(), torch.inference_mode():
             out = model(input_ids=inputs, cache=cache, use_cache=True, logits_to_keep=1,
                         output_hidden_states=bool(scoring), **extra)

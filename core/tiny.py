@@ -39,12 +39,13 @@ def make_tokenizer():
     return fast
 
 
-def make_model(vocab_size: int, seed: int = 0):
+def make_model(vocab_size: int, seed: int = 0, hidden_size: int = 128):
+    """hidden_size 256 gives linears torch's packed int4 kernel takes (models.quantization.packs_int4)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
     config = Qwen2Config(
-        vocab_size=vocab_size, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False,
         eos_token_id=2, bos_token_id=0, pad_token_id=0,
     )

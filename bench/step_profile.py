@@ -1,0 +1,148 @@
+"""Where one decode step's time goes: the default engine's step on the real model, split by torch op.
+
+Prefills the decode benchmark's prompt, then times `steps` one-token steps (batch `rows`) through the engine's
+model exactly as the decode loop calls it, once plain (wall time per step) and once under torch's profiler
+(self time per op). The report groups ops into the int4 matmul kernels, the int8 cache, attention, the other
+ops, and what is left: the Python and dispatch time around the ops. Writes
+`bench/results/step_profile[_<model>].json` and `.md`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from bench.decode import DEFAULT_MODEL, DEFAULT_SYSTEM, PONDER_SYSTEMS, PROMPT, quiet_machine
+from bench.machine import cpu_name
+
+RESULTS = Path(__file__).resolve().parent / "results"
+GROUPS = {  # op name fragment → group, first match wins
+    "_weight_int4pack_mm": "int4 matmul kernels",
+    "_weight_int8pack_mm": "int8 matmul kernels",
+    "aten::mm": "bf16/fp32 matmuls (attention, LoRA)",
+    "aten::bmm": "bf16/fp32 matmuls (attention, LoRA)",
+    "aten::matmul": "bf16/fp32 matmuls (attention, LoRA)",
+    "aten::addmm": "bf16/fp32 matmuls (attention, LoRA)",
+    "aten::linear": "bf16/fp32 matmuls (attention, LoRA)",
+    "softmax": "attention softmax",
+}
+
+
+def _group(name: str) -> str:
+    for fragment, group in GROUPS.items():
+        if fragment in name:
+            return group
+    return "other ops"
+
+
+def profile_step(model_id: str, rows: int, steps: int, reasoning: bool) -> dict:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from core.cache import new_cache
+    from core.chat_format import build_prompt_ids
+    from core.config import EngineConfig
+    from core.loading import load_engine
+
+    precision, kv, head_bits, group = PONDER_SYSTEMS[DEFAULT_SYSTEM]
+    engine = load_engine(EngineConfig(model_id=model_id, precision=precision, kv=kv, head_bits=head_bits,
+                                      group_size=group), reasoning=reasoning)
+    if reasoning and engine.slots.reasoning is None:
+        raise SystemExit("no reasoning adapter for this model")
+    model = engine.model
+    ids = torch.tensor([build_prompt_ids(engine.tokenizer, PROMPT)])
+
+    fused = engine.fused if not reasoning else None  # the step the decode loop takes (core.rows.decode_rows)
+
+    def one_step(token, cache):
+        if fused is not None:
+            return fused.step(token[:, 0], cache)
+        return model(input_ids=token, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+
+    def run(n: int, cache) -> list[float]:
+        token = torch.tensor([[ids[0, -1].item()]] * rows)
+        times = []
+        for _ in range(n):
+            t = time.perf_counter()
+            token = one_step(token, cache).argmax(-1, keepdim=True)
+            times.append(time.perf_counter() - t)
+        return times
+
+    def fresh_cache():
+        cache = new_cache(model.config, kv)
+        model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
+        if rows > 1:
+            cache.batch_repeat_interleave(rows)
+        return cache
+
+    with torch.inference_mode(), engine.slots.using(engine.slots.reasoning if reasoning else None):
+        run(8, fresh_cache())  # warm-up
+        wall = run(steps, fresh_cache())
+        cache = fresh_cache()
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            run(steps, cache)
+    per_op: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for event in prof.key_averages():
+        if event.key.startswith("ProfilerStep") or event.self_cpu_time_total <= 0:
+            continue
+        per_op[event.key][0] += event.self_cpu_time_total / 1000 / steps  # ms per step
+        per_op[event.key][1] += event.count / steps
+    groups: dict[str, float] = defaultdict(float)
+    calls = 0.0
+    for name, (ms, count) in per_op.items():
+        groups[_group(name)] += ms
+        calls += count
+    step_ms = statistics.median(wall) * 1000
+    ops_ms = sum(groups.values())
+    top = sorted(per_op.items(), key=lambda kv: -kv[1][0])[:15]
+    return {
+        "model": model_id, "cpu": cpu_name(), "rows": rows, "steps": steps, "reasoning": reasoning,
+        "path": "core.fused_decode" if fused is not None else "transformers modules (core.lean_layers)",
+        "step_ms": round(step_ms, 2), "tok_s": round(rows * 1000 / step_ms, 1),
+        "ops_ms_per_step_profiled": round(ops_ms, 2), "op_calls_per_step": round(calls),
+        "groups_ms": {k: round(v, 2) for k, v in sorted(groups.items(), key=lambda kv: -kv[1])},
+        "top_ops": [{"op": k, "ms": round(v[0], 3), "calls": round(v[1], 1)} for k, v in top],
+        "note": "ops' self time comes from a profiled run (the profiler adds its own cost per op); the step's wall "
+                "time from an unprofiled one. Wall minus the kernels is what a compiled or fused step could save.",
+    }
+
+
+def to_markdown(result: dict) -> str:
+    lines = [f"Decode step profile: {result['model']}, {result['rows']} row(s), reasoning adapter "
+             f"{'on' if result['reasoning'] else 'off'}, {result['cpu']}, step through {result['path']}", "",
+             f"Step (wall, unprofiled): {result['step_ms']} ms ({result['tok_s']} tok/s); "
+             f"{result['op_calls_per_step']} op calls a step", "", "| group | ms per step |", "|---|---:|"]
+    lines += [f"| {k} | {v} |" for k, v in result["groups_ms"].items()]
+    lines += ["", "| op | ms per step | calls per step |", "|---|---:|---:|"]
+    lines += [f"| {o['op']} | {o['ms']} | {o['calls']} |" for o in result["top_ops"]]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.step_profile", description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=DEFAULT_MODEL)
+    p.add_argument("--rows", type=int, default=1)
+    p.add_argument("--steps", type=int, default=64)
+    p.add_argument("--reason", action="store_true", help="steps under the reasoning adapter")
+    p.add_argument("--out", type=Path, default=None, help="file stem (default bench/results/step_profile...)")
+    args = p.parse_args(argv)
+    from core.loading import set_threads
+
+    set_threads(None)
+    with quiet_machine():
+        result = profile_step(args.model, args.rows, args.steps, args.reason)
+    suffix = ("" if args.model == DEFAULT_MODEL else f"_{args.model}") + (f"_rows{args.rows}" if args.rows > 1
+                                                                          else "") + ("_reason" if args.reason else "")
+    stem = args.out or RESULTS / f"step_profile{suffix}"
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    stem.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    stem.with_suffix(".md").write_text(to_markdown(result))
+    print(to_markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

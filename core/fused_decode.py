@@ -1,0 +1,152 @@
+"""The fused decode step: one token per row through a packed-int4 Qwen2 model as one plain function.
+
+transformers' model forward, even with the lean layers (core.lean_layers), spends about as long around the int4
+kernels as in them on a 2-core CPU: seven linear modules a layer, the quanto wrappers, rotary and mask
+helpers, the cache's bookkeeping and ~1,400 small ops a step. `FusedDecoder` runs the same computation on the
+same packed weights with fewer, larger ops: q/k/v and gate/up each one int4 matmul over weights concatenated
+once at load (the modules' own packed tensors become views into them, so no weight is stored twice), rotary
+from a cos/sin pair computed once per step, the int8 cache (core.cache.Int8KVLayer) quantized and written in
+place, and the grouped float32 attention of core.attention. Results match the module path to bf16 rounding
+(tests/core/test_fused_decode.py).
+
+The engine uses it for base-model steps of one token per row over an int8 cache, with no padding mask, no
+sparse feed-forward and no hidden states wanted (verifier scoring); every other step takes transformers' path.
+"""
+from __future__ import annotations
+
+import torch
+from torch.nn import functional as F
+
+from .cache import Int8KVLayer
+
+_LAYER_PARTS = (("qkv", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
+                ("o", ("self_attn.o_proj",)), ("gate_up", ("mlp.gate_proj", "mlp.up_proj")),
+                ("down", ("mlp.down_proj",)))
+
+
+def _base_linear(module):
+    """The quantized linear under a peft LoRA wrapper (or the module itself)."""
+    return getattr(module, "base_layer", module)
+
+
+def _packed_int4(module) -> bool:
+    from optimum.quanto.nn import QLinear
+    from optimum.quanto.tensor.weights.tinygemm import TinyGemmWeightQBitsTensor
+
+    w = getattr(module, "weight", None)
+    return (isinstance(module, QLinear) and isinstance(w, TinyGemmWeightQBitsTensor) and w.device.type == "cpu"
+            and module.out_features % 64 == 0)
+
+
+class _Packed:
+    """Several int4 linears reading the same input, as one packed matrix (output columns side by side)."""
+
+    def __init__(self, modules: list):
+        group = {m.weight._group_size for m in modules}
+        if len(group) != 1:
+            raise ValueError("linears with different group sizes cannot share a matrix")
+        self.group_size = group.pop()
+        self.sizes = [m.out_features for m in modules]
+        datas = [m.weight._data._data for m in modules]
+        if len(modules) == 1:
+            self.data = datas[0]
+        else:
+            self.data = torch.cat(datas, 0)
+            start = 0
+            for m, d in zip(modules, datas, strict=True):  # the modules read views of the one copy kept
+                m.weight._data._data = self.data[start:start + d.shape[0]]
+                start += d.shape[0]
+        self.scales = torch.cat([m.weight._scale_shift for m in modules], 1).contiguous()
+        biases = [m.bias for m in modules]
+        self.bias = None if biases[0] is None else torch.cat([b.detach() for b in biases]).contiguous()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch._weight_int4pack_mm_for_cpu(x, self.data, self.group_size, self.scales)
+        return out if self.bias is None else out.add_(self.bias)
+
+
+class FusedDecoder:
+    """Decode steps of one packed-int4 Qwen2 causal LM (`build` returns None for any other model)."""
+
+    def __init__(self, model):
+        inner = model.model
+        config = model.config
+        self.eps = config.rms_norm_eps
+        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.intermediate = config.intermediate_size
+        self.embed = inner.embed_tokens.weight
+        self.layers = []
+        for layer in inner.layers:
+            parts = {name: _Packed([_base_linear(layer.get_submodule(p)) for p in paths]) for name, paths in _LAYER_PARTS}
+            parts["norm_in"] = layer.input_layernorm.weight.detach()
+            parts["norm_post"] = layer.post_attention_layernorm.weight.detach()
+            self.layers.append(parts)
+        self.norm = inner.norm.weight.detach()
+        self.head = _Packed([_base_linear(model.lm_head)])
+        self.inv_freq = inner.rotary_emb.inv_freq.float()
+        self.rope_scale = float(getattr(inner.rotary_emb, "attention_scaling", 1.0))
+
+    @classmethod
+    def build(cls, model) -> FusedDecoder | None:
+        """A decoder for `model` when it is a Qwen2 causal LM whose every linear is packed int4, else None."""
+        model = model.get_base_model() if hasattr(model, "get_base_model") else model
+        inner = getattr(model, "model", None)
+        if getattr(model.config, "model_type", None) != "qwen2" or inner is None or not hasattr(inner, "layers"):
+            return None
+        if getattr(model.config, "sliding_window", None) and getattr(model.config, "use_sliding_window", False):
+            return None
+        linears = [_base_linear(layer.get_submodule(p)) for layer in inner.layers for _, paths in _LAYER_PARTS
+                   for p in paths] + [_base_linear(model.lm_head)]
+        if not all(_packed_int4(m) for m in linears):
+            return None
+        return cls(model)
+
+    @staticmethod
+    def takes(cache) -> bool:
+        """Whether a step over `cache` can run here: int8 layers holding tokens, no GRIFFIN selection."""
+        layers = getattr(cache, "layers", None)
+        return (bool(layers) and getattr(cache, "ff_selection", None) is None
+                and all(type(layer) is Int8KVLayer and layer.is_initialized for layer in layers))
+
+    def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
+
+    @torch.inference_mode()
+    def step(self, tokens: torch.Tensor, cache) -> torch.Tensor:
+        """tokens (B,) at the cache's next position (every row the same length) → next-token logits (B, V), as the
+        model's LM head gives them. Appends the tokens' keys and values to `cache`."""
+        rows, heads, kv_heads, dim = tokens.shape[0], self.heads, self.kv_heads, self.head_dim
+        layers = cache.layers
+        pos = layers[0].length
+        for layer in layers:
+            layer._ensure_capacity(pos + 1)
+        freqs = pos * self.inv_freq
+        angles = torch.cat((freqs, freqs))
+        dtype = self.embed.dtype  # rotary in the activations' dtype, as transformers applies it
+        cos, sin = (angles.cos() * self.rope_scale).to(dtype), (angles.sin() * self.rope_scale).to(dtype)
+        q_end, k_end = heads * dim, (heads + kv_heads) * dim
+        h = self.embed[tokens]
+        for parts, layer in zip(self.layers, layers, strict=True):
+            qkv = parts["qkv"](self._rms(h, parts["norm_in"]))
+            q = self._rotate(qkv[:, :q_end].view(rows, heads, dim), cos, sin)
+            k = self._rotate(qkv[:, q_end:k_end].view(rows, kv_heads, dim), cos, sin)
+            v = qkv[:, k_end:].view(rows, kv_heads, dim)
+            kv = torch.stack((k, v)).float()  # (2, B, Hkv, D), quantized as Int8KVLayer.update does
+            scale = kv.abs().amax(-1, keepdim=True).clamp_(min=1e-8).div_(127.0)
+            layer.q[:, :, :, pos] = kv.div_(scale).round_().clamp_(-127, 127).to(torch.int8)
+            layer.s[:, :, :, pos] = scale.to(torch.bfloat16)
+            layer.length = pos + 1
+            stored = layer.q[:, :, :, : pos + 1].float().mul_(layer.s[:, :, :, : pos + 1].float())
+            # attention in float32, as core.attention's decode step computes it
+            grouped = q.float().view(rows, kv_heads, heads // kv_heads, dim)
+            scores = torch.matmul(grouped, stored[0].transpose(-1, -2)).mul_(dim ** -0.5)
+            attn = torch.matmul(scores.softmax(-1), stored[1]).to(h.dtype).reshape(rows, heads * dim)
+            h = h + parts["o"](attn)
+            gate_up = parts["gate_up"](self._rms(h, parts["norm_post"]))
+            h = h + parts["down"](F.silu(gate_up[:, : self.intermediate]) * gate_up[:, self.intermediate:])
+        return self.head(self._rms(h, self.norm))

@@ -1,0 +1,106 @@
+"""The fused decode step computes what the module path computes, bit for bit, and the engine uses it only
+where it applies."""
+import copy
+
+import torch
+
+from core import adapters
+from core.cache import new_cache
+from core.config import SamplingConfig
+from core.engine import Engine, collect
+from core.fused_decode import FusedDecoder
+from models.quantization import quantize_model
+from tests.tiny import make_model, make_tokenizer
+
+
+def w4_engine() -> Engine:
+    model = quantize_model(make_model(448, hidden_size=256), 4, head_bits=4)
+    return Engine(model, make_tokenizer(), model_id="tiny", context=512, kv="int8")
+
+
+def prefilled(model, rows: int = 1):
+    cache = new_cache(model.config, "int8")
+    with torch.inference_mode():
+        logits = model(input_ids=torch.randint(5, 400, (1, 11), generator=torch.Generator().manual_seed(3)),
+                       cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+    if rows > 1:
+        cache.batch_repeat_interleave(rows)
+    return cache, logits
+
+
+def test_fused_steps_equal_the_module_path_and_write_the_same_cache():
+    engine = w4_engine()
+    assert engine.fused is not None
+    model = engine.model
+    cache, _ = prefilled(model, rows=3)
+    other = copy.deepcopy(cache)
+    tokens = torch.tensor([7, 123, 301])
+    for _ in range(70):
+        fused = engine.fused.step(tokens, cache)
+        with torch.inference_mode():
+            ref = model(input_ids=tokens.view(-1, 1), cache=other, use_cache=True, logits_to_keep=1).logits[:, -1]
+        assert torch.equal(fused, ref)
+        tokens = ref.float().argmax(-1)
+    for mine, theirs in zip(cache.layers, other.layers, strict=True):
+        assert mine.length == theirs.length == 81
+        assert torch.equal(mine.q[..., :81, :], theirs.q[..., :81, :])
+        assert torch.equal(mine.s[..., :81, :], theirs.s[..., :81, :])
+
+
+def test_fused_step_grows_the_int8_buffers_in_place():
+    engine = w4_engine()
+    cache, _ = prefilled(engine.model)
+    layer = cache.layers[0]
+    capacity = layer.q.shape[-2]
+    layer.length = capacity  # the next token needs more room than the buffers hold
+    engine.fused.step(torch.tensor([5]), cache)
+    assert layer.length == capacity + 1 and layer.q.shape[-2] > capacity
+
+
+def test_engine_answers_are_the_same_with_and_without_the_fused_step():
+    engine = w4_engine()
+    calls = []
+    step = engine.fused.step
+    engine.fused.step = lambda tokens, cache: calls.append(len(tokens)) or step(tokens, cache)
+    cfg = SamplingConfig(temperature=0, max_tokens=24, ignore_eos=True, repetition_penalty=1.0)
+    fused_text = engine.generate("What is 17*23?", cfg).text
+    sampled = collect(engine.parallel("What is 17*23?", SamplingConfig(temperature=0.8, seed=4, max_tokens=16,
+                                                                        ignore_eos=True), n=3, mode="base"))
+    assert calls and set(calls) <= {1, 3}, "both ran through the fused step"
+    fused_engine = engine.fused
+    engine.fused = None
+    try:
+        assert engine.generate("What is 17*23?", cfg).text == fused_text
+        again = collect(engine.parallel("What is 17*23?", SamplingConfig(temperature=0.8, seed=4, max_tokens=16,
+                                                                          ignore_eos=True), n=3, mode="base"))
+    finally:
+        engine.fused = fused_engine
+    assert [c.text for c in again.candidates] == [c.text for c in sampled.candidates]
+
+
+def test_only_base_steps_over_an_int8_cache_take_the_fused_path(monkeypatch):
+    model = adapters.attach_new(quantize_model(make_model(448, hidden_size=256), 4, head_bits=4), rank=4)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                torch.nn.init.normal_(p, std=0.05)
+    engine = Engine(model.eval(), make_tokenizer(), model_id="tiny", context=512, adapter_name="reason",
+                    kv="int8")
+    assert engine.fused is not None, "the LoRA wrappers' base layers are packed int4"
+    calls = []
+    step = engine.fused.step
+    monkeypatch.setattr(engine.fused, "step", lambda tokens, cache: calls.append(len(tokens)) or step(tokens, cache))
+    cfg = SamplingConfig(temperature=0, max_tokens=6, ignore_eos=True)
+    engine.generate("hello", cfg, mode="reason", budget=4, answer_max_tokens=3)
+    assert calls == [], "the reasoning adapter's steps go through the LoRA layers"
+    engine.generate("hello", cfg, mode="base")
+    assert calls == [1] * 5
+    engine.kv = "bf16"
+    engine.generate("hello", cfg, mode="base")
+    assert len(calls) == 5, "a bf16 cache is transformers' own"
+
+
+def test_no_fused_decoder_for_weights_that_are_not_packed_int4():
+    assert FusedDecoder.build(make_model(448, hidden_size=256)) is None
+    assert FusedDecoder.build(quantize_model(make_model(448, hidden_size=256), 8, head_bits=8)) is None
+    assert FusedDecoder.build(quantize_model(make_model(448), 4, head_bits=4)) is None, "128 inputs: int8 layers"
