@@ -179,6 +179,11 @@ class AdapterSlots:
             self.model.set_adapter(item.peft_name, inference_mode=True)
         yield
 
+    @property
+    def trains_extra_modules(self) -> bool:
+        """Some adapter replaces whole modules (peft's modules_to_save), which run only through peft."""
+        return self._peft_base
+
     def names(self) -> dict:
         return {"reasoning": self.reasoning.name if self.reasoning else None, "skills": sorted(self.skills)}
 

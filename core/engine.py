@@ -173,10 +173,12 @@ class Engine(AdapterChoice):
     def _decode(self, cache, logits, rows: list[Row], cfg: SamplingConfig, reasoning: bool, cancel,
                 skill: Loaded | None = None, **extra) -> Iterator[TokenEvent]:
         """Decode steps run under the reasoning adapter, else the skill adapter, else the base model (through the
-        fused step where it applies)."""
+        fused step where it applies: not for adapters that train whole modules, such as the LM head)."""
         item = self.slots.reasoning if reasoning else skill
         adapter = functools.partial(self.slots.using, item)
-        fused = self.fused if item is None and self.decode == "dense" else None
+        fused = None
+        if self.fused is not None and self.decode == "dense" and not self.slots.trains_extra_modules:
+            fused = self.fused if item is None else self.fused.with_adapter(item.peft_name)
         return decode_rows(self.model, cache, logits, rows, tokenizer=self.tokenizer, markers=self.markers,
                            eos_ids=self.eos_ids, cfg=cfg, generator=make_generator(cfg.seed), adapter=adapter,
                            cancel=cancel, verifier=self.verifier, fused=fused, **extra)

@@ -9,8 +9,10 @@ from a cos/sin pair computed once per step, the int8 cache (core.cache.Int8KVLay
 place, and the grouped float32 attention of core.attention. Results match the module path to bf16 rounding
 (tests/core/test_fused_decode.py).
 
-The engine uses it for base-model steps of one token per row over an int8 cache, with no padding mask, no
-sparse feed-forward and no hidden states wanted (verifier scoring); every other step takes transformers' path.
+The engine uses it for steps of one token per row over an int8 cache, with no padding mask, no sparse
+feed-forward and no hidden states wanted (verifier scoring), for the base model and for a plain LoRA adapter
+(`with_adapter`: each projection's `B·A·x·scaling` added to its slice of the fused output, as
+core.lora_fast adds it); every other step takes transformers' path.
 """
 from __future__ import annotations
 
@@ -60,9 +62,46 @@ class _Packed:
         biases = [m.bias for m in modules]
         self.bias = None if biases[0] is None else torch.cat([b.detach() for b in biases]).contiguous()
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, lora: tuple | None = None) -> torch.Tensor:
         out = torch._weight_int4pack_mm_for_cpu(x, self.data, self.group_size, self.scales)
-        return out if self.bias is None else out.add_(self.bias)
+        if self.bias is not None:
+            out.add_(self.bias)
+        if lora is None:
+            return out
+        start = 0
+        for factors, size in zip(lora, self.sizes, strict=True):
+            if factors is not None:  # core.lora_fast's sum, in the adapter's dtype, cast back
+                a, b, bias, scaling = factors
+                delta = F.linear(F.linear(x.to(a.dtype), a), b, bias) * scaling
+                out[:, start:start + size] = (out[:, start:start + size] + delta).to(out.dtype)
+            start += size
+        return out
+
+
+def _lora_factors(module, name: str):
+    """(A, B, B's bias, scaling) of adapter `name` on a plain peft LoRA linear, None where it has none; raises
+    LookupError for what the fused step does not compute (DoRA and other variants, merged weights)."""
+    from peft.tuners.lora.layer import Linear
+
+    if module is _base_linear(module):
+        return None
+    if type(module) is not Linear or module.merged or module.lora_variant.get(name) is not None:
+        raise LookupError(name)
+    if name not in module.lora_A:
+        return None
+    a, b = module.lora_A[name], module.lora_B[name]
+    return a.weight, b.weight, b.bias, module.scaling[name]
+
+
+class _AdapterStep:
+    """The fused step with one LoRA adapter on (FusedDecoder.with_adapter)."""
+
+    def __init__(self, decoder: FusedDecoder, lora: list[dict]):
+        self.decoder, self.lora = decoder, lora
+        self.takes = decoder.takes
+
+    def step(self, tokens: torch.Tensor, cache) -> torch.Tensor:
+        return self.decoder.step(tokens, cache, self.lora)
 
 
 class FusedDecoder:
@@ -86,6 +125,17 @@ class FusedDecoder:
         self.head = _Packed([_base_linear(model.lm_head)])
         self.inv_freq = inner.rotary_emb.inv_freq.float()
         self.rope_scale = float(getattr(inner.rotary_emb, "attention_scaling", 1.0))
+        self.model = model
+
+    def with_adapter(self, name: str) -> _AdapterStep | None:
+        """The step with peft adapter `name` on, or None when a layer runs it in a way this step does not."""
+        inner = self.model.model
+        try:
+            lora = [{part: tuple(_lora_factors(layer.get_submodule(p), name) for p in paths)
+                     for part, paths in _LAYER_PARTS} for layer in inner.layers]
+        except LookupError:
+            return None
+        return _AdapterStep(self, lora)
 
     @classmethod
     def build(cls, model) -> FusedDecoder | None:
@@ -117,9 +167,10 @@ class FusedDecoder:
         return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
 
     @torch.inference_mode()
-    def step(self, tokens: torch.Tensor, cache) -> torch.Tensor:
+    def step(self, tokens: torch.Tensor, cache, lora: list[dict] | None = None) -> torch.Tensor:
         """tokens (B,) at the cache's next position (every row the same length) → next-token logits (B, V), as the
-        model's LM head gives them. Appends the tokens' keys and values to `cache`."""
+        model's LM head gives them. Appends the tokens' keys and values to `cache`. lora: per layer, each part's
+        adapter factors (`with_adapter`)."""
         rows, heads, kv_heads, dim = tokens.shape[0], self.heads, self.kv_heads, self.head_dim
         layers = cache.layers
         pos = layers[0].length
@@ -131,8 +182,9 @@ class FusedDecoder:
         cos, sin = (angles.cos() * self.rope_scale).to(dtype), (angles.sin() * self.rope_scale).to(dtype)
         q_end, k_end = heads * dim, (heads + kv_heads) * dim
         h = self.embed[tokens]
-        for parts, layer in zip(self.layers, layers, strict=True):
-            qkv = parts["qkv"](self._rms(h, parts["norm_in"]))
+        for i, (parts, layer) in enumerate(zip(self.layers, layers, strict=True)):
+            adapter = lora[i] if lora is not None else {}
+            qkv = parts["qkv"](self._rms(h, parts["norm_in"]), adapter.get("qkv"))
             q = self._rotate(qkv[:, :q_end].view(rows, heads, dim), cos, sin)
             k = self._rotate(qkv[:, q_end:k_end].view(rows, kv_heads, dim), cos, sin)
             v = qkv[:, k_end:].view(rows, kv_heads, dim)
@@ -146,7 +198,8 @@ class FusedDecoder:
             grouped = q.float().view(rows, kv_heads, heads // kv_heads, dim)
             scores = torch.matmul(grouped, stored[0].transpose(-1, -2)).mul_(dim ** -0.5)
             attn = torch.matmul(scores.softmax(-1), stored[1]).to(h.dtype).reshape(rows, heads * dim)
-            h = h + parts["o"](attn)
-            gate_up = parts["gate_up"](self._rms(h, parts["norm_post"]))
-            h = h + parts["down"](F.silu(gate_up[:, : self.intermediate]) * gate_up[:, self.intermediate:])
+            h = h + parts["o"](attn, adapter.get("o"))
+            gate_up = parts["gate_up"](self._rms(h, parts["norm_post"]), adapter.get("gate_up"))
+            act = F.silu(gate_up[:, : self.intermediate]) * gate_up[:, self.intermediate:]
+            h = h + parts["down"](act, adapter.get("down"))
         return self.head(self._rms(h, self.norm))

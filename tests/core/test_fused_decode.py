@@ -78,26 +78,59 @@ def test_engine_answers_are_the_same_with_and_without_the_fused_step():
     assert [c.text for c in again.candidates] == [c.text for c in sampled.candidates]
 
 
-def test_only_base_steps_over_an_int8_cache_take_the_fused_path(monkeypatch):
+def lora_engine() -> Engine:
     model = adapters.attach_new(quantize_model(make_model(448, hidden_size=256), 4, head_bits=4), rank=4)
     with torch.no_grad():
         for p in model.parameters():
             if p.requires_grad:
                 torch.nn.init.normal_(p, std=0.05)
-    engine = Engine(model.eval(), make_tokenizer(), model_id="tiny", context=512, adapter_name="reason",
-                    kv="int8")
+    return Engine(model.eval(), make_tokenizer(), model_id="tiny", context=512, adapter_name="reason", kv="int8")
+
+
+def test_adapter_steps_equal_peft_lora_layers_on_the_module_path():
+    engine = lora_engine()
     assert engine.fused is not None, "the LoRA wrappers' base layers are packed int4"
+    step = engine.fused.with_adapter(engine.slots.reasoning.peft_name)
+    assert step is not None
+    cache, _ = prefilled(engine.model, rows=2)
+    other = copy.deepcopy(cache)
+    tokens = torch.tensor([9, 200])
+    with engine.slots.using(engine.slots.reasoning):
+        for _ in range(12):
+            fused = step.step(tokens, cache)
+            with torch.inference_mode():
+                ref = engine.model(input_ids=tokens.view(-1, 1), cache=other, use_cache=True,
+                                   logits_to_keep=1).logits[:, -1]
+            torch.testing.assert_close(fused, ref, atol=0, rtol=0)
+            tokens = ref.float().argmax(-1)
+    with engine.slots.using(None), torch.inference_mode():  # the adapter changes what the model computes
+        base = engine.model(input_ids=tokens.view(-1, 1), cache=copy.deepcopy(other), use_cache=True,
+                            logits_to_keep=1).logits[:, -1]
+    assert not torch.equal(step.step(tokens, copy.deepcopy(cache)), base)
+
+
+def test_steps_the_fused_path_does_not_compute_take_the_module_path(monkeypatch):
+    engine = lora_engine()
     calls = []
-    step = engine.fused.step
-    monkeypatch.setattr(engine.fused, "step", lambda tokens, cache: calls.append(len(tokens)) or step(tokens, cache))
+    original = FusedDecoder.step
+
+    def counted(self, tokens, cache, lora=None):
+        calls.append(lora is not None)
+        return original(self, tokens, cache, lora)
+
+    monkeypatch.setattr(FusedDecoder, "step", counted)
     cfg = SamplingConfig(temperature=0, max_tokens=6, ignore_eos=True)
     engine.generate("hello", cfg, mode="reason", budget=4, answer_max_tokens=3)
-    assert calls == [], "the reasoning adapter's steps go through the LoRA layers"
+    assert calls and all(calls[:3]), "thinking steps run the adapter through the fused step"
+    calls.clear()
     engine.generate("hello", cfg, mode="base")
-    assert calls == [1] * 5
+    assert calls == [False] * 5
     engine.kv = "bf16"
     engine.generate("hello", cfg, mode="base")
     assert len(calls) == 5, "a bf16 cache is transformers' own"
+    engine.kv, engine.decode = "int8", "griffin"
+    engine.generate("hello", cfg, mode="base")
+    assert len(calls) == 5, "sparse feed-forward decoding is the modules' own"
 
 
 def test_no_fused_decoder_for_weights_that_are_not_packed_int4():
