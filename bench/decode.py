@@ -35,6 +35,14 @@ PONDER_SYSTEMS = {  # name: (precision, kv, head_bits, int4 group size)
 }
 DEFAULT_SYSTEM = "ponder_w4fpt_a16kv8"
 """The app's default for the embedded model: W4-FPT weights, bf16 activations, int8 KV (W4A16KV8)."""
+
+
+def default_system(model_id: str) -> str:
+    """The system a model runs in the app: its default weights (models.registry) at W4A16KV8."""
+    from models.registry import default_precision
+
+    return DEFAULT_SYSTEM if default_precision(model_id) == "w4-fpt" else "ponder_w4a16kv8"
+
 DEFAULT_MODEL = "qwen2.5-coder-0.5b-instruct"
 VARIANTS = {  # the default system run another way: name → what it measures
     "ponder_w4a16kv8_reason": "decode under the reasoning adapter (Reason mode's thinking tokens)",
@@ -120,7 +128,7 @@ def run_ponder(name: str, model_id: str, tokens: int, runs: int) -> dict:
     from core.loading import load_engine
 
     variant = name if name in VARIANTS else None
-    precision, kv, head_bits, group = PONDER_SYSTEMS[DEFAULT_SYSTEM if variant else name]
+    precision, kv, head_bits, group = PONDER_SYSTEMS[default_system(model_id) if variant else name]
     decode = SPARSE_DECODE.get(variant, "dense")
     engine = load_engine(EngineConfig(model_id=model_id, precision=precision, kv=kv, head_bits=head_bits,
                                       group_size=group, decode=decode),  # the base model, as llama.cpp and HF run
@@ -158,7 +166,7 @@ def run_ponder(name: str, model_id: str, tokens: int, runs: int) -> dict:
     selection = getattr(engine.last_cache, "ff_selection", None)
     if selection is not None:
         out["selection_build_s"] = selection.build_s
-    if name == DEFAULT_SYSTEM:
+    if name == default_system(model_id):
         for n in LONG_PROMPTS:
             text = long_prompt(engine.tokenizer, n)
             engine.generate(text, replace(cfg, max_tokens=1))  # warm-up at this length
@@ -252,7 +260,7 @@ def prepare(name: str, model_id: str) -> None:
     from core.loading import load_model
     from core.model_store import ModelStore
 
-    precision, kv, head_bits, group = PONDER_SYSTEMS[DEFAULT_SYSTEM if name in VARIANTS else name]
+    precision, kv, head_bits, group = PONDER_SYSTEMS[default_system(model_id) if name in VARIANTS else name]
     load_model(ModelStore().get(model_id), EngineConfig(model_id=model_id, precision=precision, kv=kv,
                                                          head_bits=head_bits, group_size=group))
 
@@ -292,9 +300,9 @@ def ratio(a, b):
     return round(a / b, 3) if a and b else None
 
 
-def summarize(systems: dict) -> dict:
+def summarize(systems: dict, model_id: str = DEFAULT_MODEL) -> dict:
     ok = {k: v for k, v in systems.items() if v and "error" not in v}
-    ours = ok.get(DEFAULT_SYSTEM, {})
+    ours = ok.get(default_system(model_id), {})
     llama = ok.get("llama_cpp") or ok.get("llama_cpp_norepack")
     ratios = {
         "w4a16kv8_vs_hf_fp32": ratio(ours.get("decode_tok_s"), ok.get("hf_fp32", {}).get("decode_tok_s")),
@@ -358,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.prepare:
         prepare(args.prepare, args.model)
         return 0
-    names = ["hf_bf16", DEFAULT_SYSTEM] if args.quick else ["hf_fp32", "hf_bf16", *PONDER_SYSTEMS, *VARIANTS]
+    names = ["hf_bf16", default_system(args.model)] if args.quick else ["hf_fp32", "hf_bf16", *PONDER_SYSTEMS, *VARIANTS]
     if args.systems:
         unknown = set(args.systems) - {"hf_fp32", "hf_bf16", *PONDER_SYSTEMS, *VARIANTS, "llama_cpp"}
         if unknown:
@@ -378,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "date": time.strftime("%Y-%m-%d %H:%M"), "machine": f"{cpu_name()}, {os.cpu_count()} CPUs",
         "threads": torch.get_num_threads(), "model": args.model, "tokens": args.tokens,
-        "runs": args.runs, "prompt": PROMPT, "systems": systems, "ratios": summarize(systems),
+        "runs": args.runs, "prompt": PROMPT, "systems": systems, "ratios": summarize(systems, args.model),
     }
     RESULTS.mkdir(exist_ok=True)
     stem = "decode_subset" if args.systems else "decode"

@@ -15,7 +15,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from bench.decode import DEFAULT_MODEL, DEFAULT_SYSTEM, PONDER_SYSTEMS, PROMPT, quiet_machine
+from bench.decode import DEFAULT_MODEL, PONDER_SYSTEMS, PROMPT, default_system, quiet_machine
 from bench.machine import cpu_name
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -47,7 +47,7 @@ def profile_step(model_id: str, rows: int, steps: int, reasoning: bool) -> dict:
     from core.config import EngineConfig
     from core.loading import load_engine
 
-    precision, kv, head_bits, group = PONDER_SYSTEMS[DEFAULT_SYSTEM]
+    precision, kv, head_bits, group = PONDER_SYSTEMS[default_system(model_id)]
     engine = load_engine(EngineConfig(model_id=model_id, precision=precision, kv=kv, head_bits=head_bits,
                                       group_size=group), reasoning=reasoning)
     if reasoning and engine.slots.reasoning is None:
@@ -55,7 +55,9 @@ def profile_step(model_id: str, rows: int, steps: int, reasoning: bool) -> dict:
     model = engine.model
     ids = torch.tensor([build_prompt_ids(engine.tokenizer, PROMPT)])
 
-    fused = engine.fused if not reasoning else None  # the step the decode loop takes (core.rows.decode_rows)
+    fused = engine.fused  # the step the decode loop takes (core.engine.Engine._decode)
+    if fused is not None and reasoning:
+        fused = fused.with_adapter(engine.slots.reasoning.peft_name)
 
     def one_step(token, cache):
         if fused is not None:
@@ -101,6 +103,8 @@ def profile_step(model_id: str, rows: int, steps: int, reasoning: bool) -> dict:
     return {
         "model": model_id, "cpu": cpu_name(), "rows": rows, "steps": steps, "reasoning": reasoning,
         "path": "core.fused_decode" if fused is not None else "transformers modules (core.lean_layers)",
+        "int4_weight_mb": round(sum(p.data.numel() + p.scales.numel() * 2 for p in engine.fused.parts()) / 2**20, 1)
+        if engine.fused is not None else None,
         "step_ms": round(step_ms, 2), "tok_s": round(rows * 1000 / step_ms, 1),
         "ops_ms_per_step_profiled": round(ops_ms, 2), "op_calls_per_step": round(calls),
         "groups_ms": {k: round(v, 2) for k, v in sorted(groups.items(), key=lambda kv: -kv[1])},
@@ -138,8 +142,8 @@ def main(argv=None) -> int:
                                                                           else "") + ("_reason" if args.reason else "")
     stem = args.out or RESULTS / f"step_profile{suffix}"
     stem.parent.mkdir(parents=True, exist_ok=True)
-    stem.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-    stem.with_suffix(".md").write_text(to_markdown(result))
+    Path(f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")  # not with_suffix: model ids hold dots
+    Path(f"{stem}.md").write_text(to_markdown(result))
     print(to_markdown(result))
     return 0
 

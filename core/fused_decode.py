@@ -152,6 +152,10 @@ class FusedDecoder:
             return None
         return cls(model)
 
+    def parts(self) -> list[_Packed]:
+        """Every packed matrix a step reads, LM head included."""
+        return [part for layer in self.layers for part in layer.values() if isinstance(part, _Packed)] + [self.head]
+
     @staticmethod
     def takes(cache) -> bool:
         """Whether a step over `cache` can run here: int8 layers holding tokens, no GRIFFIN selection."""
