@@ -20,5 +20,10 @@ class Verifier:
 
     @torch.inference_mode()
     def scores(self, hidden: torch.Tensor) -> list[float]:
-        """hidden: (B, H) states at the verification prompt's last token -> B probabilities."""
-        return torch.sigmoid(self.head(hidden.to(torch.float32))).tolist()
+        """hidden: (B, H) states at the verification prompt's last token -> B probabilities (calibrated when the
+        head was saved with a Platt scaling, core.head_training.platt_scaling)."""
+        logits = self.head(hidden.to(torch.float32))
+        calibration = self.config.get("calibration")
+        if calibration:
+            logits = logits * calibration["scale"] + calibration["shift"]
+        return torch.sigmoid(logits).tolist()

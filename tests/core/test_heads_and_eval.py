@@ -9,7 +9,7 @@ from core import adapters
 from core.datasets import Item, load_items
 from core.engine import Engine
 from core.evaluate import evaluate
-from core.head_training import train_switcher, train_verifier, verifier_data, within_question_auc_oof
+from core.head_training import platt_scaling, train_switcher, train_verifier, verifier_data, within_question_auc_oof
 from core.router import Router
 from core.verifier import Verifier
 from core.voting import is_correct
@@ -54,7 +54,25 @@ def test_verifier_data_and_training(engine, tmp_path):
     metrics = train_verifier(x, y, groups, tmp_path / "v", hidden_size=128, model_id="tiny", precision="bf16")
     assert metrics["n_train"] + metrics["n_val"] == 4
     assert metrics["within_question_auc_oof"]["questions_with_both"] == 2
-    assert Verifier.load(tmp_path / "v").scores(x[:2]).__len__() == 2
+    verifier = Verifier.load(tmp_path / "v")
+    assert verifier.config["calibration"] == metrics["calibration"]
+    scores = verifier.scores(x[:2])
+    assert len(scores) == 2
+    with torch.no_grad():  # the saved scaling is what the scores apply
+        raw = verifier.head(x[:2].float())
+    cal = metrics["calibration"]
+    torch.testing.assert_close(torch.tensor(scores), torch.sigmoid(raw * cal["scale"] + cal["shift"]))
+
+
+def test_platt_scaling_undoes_an_overconfident_head():
+    """Logits 8× too large (a head that separated its training set) are scaled back to the true probabilities."""
+    gen = torch.Generator().manual_seed(1)
+    true_logit = torch.randn(4000, generator=gen) * 1.5 - 1.0
+    y = torch.bernoulli(torch.sigmoid(true_logit), generator=gen)
+    fit = platt_scaling(8 * true_logit, y)
+    assert abs(fit["scale"] - 1 / 8) < 0.02 and abs(fit["shift"]) < 0.15
+    calibrated = torch.sigmoid(8 * true_logit * fit["scale"] + fit["shift"])
+    assert (calibrated - torch.sigmoid(true_logit)).abs().max() < 0.05
 
 
 def test_within_question_auc_sees_the_ranking_inside_each_question():
