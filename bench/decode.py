@@ -383,9 +383,11 @@ def main(argv: list[str] | None = None) -> int:
             systems["llama_cpp_norepack"] = spawn("llama_cpp_norepack", args)
     import torch
 
+    from models.int4_kernel import kernel_name
+
     report = {
         "date": time.strftime("%Y-%m-%d %H:%M"), "machine": f"{cpu_name()}, {os.cpu_count()} CPUs",
-        "threads": torch.get_num_threads(), "model": args.model, "tokens": args.tokens,
+        "threads": torch.get_num_threads(), "int4_decode_kernel": kernel_name(), "model": args.model, "tokens": args.tokens,
         "runs": args.runs, "prompt": PROMPT, "systems": systems, "ratios": summarize(systems, args.model),
     }
     RESULTS.mkdir(exist_ok=True)

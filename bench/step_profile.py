@@ -9,18 +9,21 @@ ops, and what is left: the Python and dispatch time around the ops. Writes
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import time
 from collections import defaultdict
 from pathlib import Path
 
+import models.int4_kernel
 from bench.decode import DEFAULT_MODEL, PONDER_SYSTEMS, PROMPT, default_system, quiet_machine
 from bench.machine import cpu_name
 
 RESULTS = Path(__file__).resolve().parent / "results"
 GROUPS = {  # op name fragment → group, first match wins
     "_weight_int4pack_mm": "int4 matmul kernels",
+    "ponder::int4_mm": "int4 matmul kernels",
     "_weight_int8pack_mm": "int8 matmul kernels",
     "aten::mm": "bf16/fp32 matmuls (attention, LoRA)",
     "aten::bmm": "bf16/fp32 matmuls (attention, LoRA)",
@@ -36,6 +39,27 @@ def _group(name: str) -> str:
         if fragment in name:
             return group
     return "other ops"
+
+
+@contextlib.contextmanager
+def _int4_calls_recorded():
+    """Ponder's own int4 kernel is no torch op: name its calls for the profiler while it runs."""
+    import torch
+
+    import core.fused_decode
+    import models.quantization
+
+    plain = models.int4_kernel.int4_mm
+
+    def recorded(*args):
+        with torch.profiler.record_function("ponder::int4_mm"):
+            return plain(*args)
+
+    core.fused_decode.int4_mm = models.quantization.int4_mm = recorded
+    try:
+        yield
+    finally:
+        core.fused_decode.int4_mm = models.quantization.int4_mm = plain
 
 
 def profile_step(model_id: str, rows: int, steps: int, reasoning: bool) -> dict:
@@ -84,7 +108,7 @@ def profile_step(model_id: str, rows: int, steps: int, reasoning: bool) -> dict:
         run(8, fresh_cache())  # warm-up
         wall = run(steps, fresh_cache())
         cache = fresh_cache()
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with profile(activities=[ProfilerActivity.CPU]) as prof, _int4_calls_recorded():
             run(steps, cache)
     per_op: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
     for event in prof.key_averages():
@@ -102,6 +126,7 @@ def profile_step(model_id: str, rows: int, steps: int, reasoning: bool) -> dict:
     top = sorted(per_op.items(), key=lambda kv: -kv[1][0])[:15]
     return {
         "model": model_id, "cpu": cpu_name(), "rows": rows, "steps": steps, "reasoning": reasoning,
+        "int4_decode_kernel": models.int4_kernel.kernel_name(),
         "path": "core.fused_decode" if fused is not None else "transformers modules (core.lean_layers)",
         "int4_weight_mb": round(sum(p.data.numel() + p.scales.numel() * 2 for p in engine.fused.parts()) / 2**20, 1)
         if engine.fused is not None else None,

@@ -19,6 +19,8 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
+from models.int4_kernel import int4_mm
+
 from .cache import Int8KVLayer
 
 _LAYER_PARTS = (("qkv", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
@@ -63,7 +65,7 @@ class _Packed:
         self.bias = None if biases[0] is None else torch.cat([b.detach() for b in biases]).contiguous()
 
     def __call__(self, x: torch.Tensor, lora: tuple | None = None) -> torch.Tensor:
-        out = torch._weight_int4pack_mm_for_cpu(x, self.data, self.group_size, self.scales)
+        out = int4_mm(x, self.data, self.group_size, self.scales)
         if self.bias is not None:
             out.add_(self.bias)
         if lora is None:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
+from models.int4_kernel import int4_mm
 from models.quantization import unpack_matches_kernel
 
 BLOCK = 64
@@ -88,7 +89,7 @@ class CutLinear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         x2d = x.reshape(-1, x.shape[-1]).contiguous()
         if self.kind == "int4":
-            out = torch._weight_int4pack_mm_for_cpu(x2d, self.weight, self.group, self.scales)
+            out = int4_mm(x2d, self.weight, self.group, self.scales)
         elif self.kind == "int8":
             out = torch._weight_int8pack_mm(x2d, self.weight, self.scales)
         else:

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from .fpt import FptSpec
+from .int4_kernel import int4_mm
 
 QUANT_FILE = "ponder_quant.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -331,7 +332,7 @@ def _int4_forward(self, x: torch.Tensor) -> torch.Tensor:
     if x2d.shape[0] >= prefill_rows() and self.out_features % 64 == 0 and unpack_matches_kernel():
         out = torch.matmul(x2d, unpack_int4(self))
     else:
-        out = torch._weight_int4pack_mm_for_cpu(x2d, w._data._data, w._group_size, w._scale_shift)
+        out = int4_mm(x2d, w._data._data, w._group_size, w._scale_shift)
     out = out.view(*x.shape[:-1], out.shape[-1])
     return out if self.bias is None else out.add_(self.bias)
 

@@ -1,0 +1,106 @@
+"""Ponder's int4 decode kernel (models/_int4.c) reads torch's packed layout, matches a float64 reference as
+closely as torch's own kernel does, gives each row the same result whatever the batch, and hands every shape
+it does not take to torch's kernel."""
+import shutil
+
+import pytest
+import torch
+
+from models import int4_kernel
+from models.int4_kernel import int4_mm
+
+needs_kernel = pytest.mark.skipif(not int4_kernel.ENABLED, reason="needs the built kernel and AVX512-BF16/VBMI")
+
+
+def random_int4(n: int, k: int, group: int, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 16, (n, k), dtype=torch.int32, generator=gen)
+    scales = torch.stack([torch.rand(k // group, n, generator=gen) * 0.02 + 0.001,
+                          (torch.rand(k // group, n, generator=gen) - 0.5) * 0.02], -1).to(torch.bfloat16)
+    exact = (q.double() - 8) * scales[..., 0].double().repeat_interleave(group, 0).t() \
+        + scales[..., 1].double().repeat_interleave(group, 0).t()
+    return torch._convert_weight_to_int4pack_for_cpu(q, 1), scales.contiguous(), exact
+
+
+def test_the_extension_is_built_wherever_a_c_compiler_is():
+    if shutil.which("gcc") is None and shutil.which("cc") is None:
+        pytest.skip("no C compiler on this machine: torch's kernel runs everything")
+    assert int4_kernel._int4 is not None, "models._int4 did not build at install (see pip's build log)"
+
+
+def test_torch_packs_int4_in_the_layout_the_kernel_reads():
+    n, k = 128, 256
+    zero = torch._convert_weight_to_int4pack_for_cpu(torch.zeros(n, k, dtype=torch.int32), 1).flatten()
+    for row, col in [(0, 0), (5, 0), (37, 0), (63, 9), (64, 0), (100, 255)]:
+        q = torch.zeros(n, k, dtype=torch.int32)
+        q[row, col] = 3
+        packed = torch._convert_weight_to_int4pack_for_cpu(q, 1).flatten()
+        changed = (packed != zero).nonzero().flatten().tolist()
+        block, within = divmod(row, 64)
+        assert changed == [block * k * 32 + col * 32 + within % 32]
+        assert int(packed[changed[0]]) == (3 << 4 if within >= 32 else 3)
+
+
+@needs_kernel
+@pytest.mark.parametrize(("rows", "n", "k", "group"), [
+    (1, 1152, 896, 128), (1, 896, 4864, 128), (2, 512, 512, 64), (3, 256, 768, 32), (8, 640, 1024, 256),
+    (16, 128, 256, 128)])
+def test_kernel_matches_a_float64_reference_as_closely_as_torch(rows, n, k, group):
+    packed, scales, weight = random_int4(n, k, group)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    exact = x.double() @ weight.t()
+    mine = int4_mm(x, packed, group, scales)
+    theirs = torch._weight_int4pack_mm_for_cpu(x, packed, group, scales)
+    assert mine.shape == (rows, n) and mine.dtype == torch.bfloat16
+    # both round the fp32 sum to bf16 once; the kernel's fp32 sum is at least as close as torch's
+    assert (mine.double() - exact).abs().max() <= (theirs.double() - exact).abs().max() * 1.05 + 1e-6
+    assert (mine.double() - exact).abs().max() <= exact.abs().max() * 2 ** -7
+
+
+@needs_kernel
+def test_each_row_gets_the_same_result_alone_or_in_a_batch():
+    packed, scales, _ = random_int4(384, 512, 128)
+    x = torch.randn(11, 512, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    batched = int4_mm(x, packed, 128, scales)
+    alone = torch.cat([int4_mm(x[i:i + 1].contiguous(), packed, 128, scales) for i in range(11)])
+    assert torch.equal(batched, alone)
+
+
+@needs_kernel
+def test_the_kernel_reads_row_slices_of_a_concatenated_matrix():
+    packed, scales, _ = random_int4(256, 256, 128)
+    x = torch.randn(1, 256, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    whole = int4_mm(x, packed, 128, scales)
+    part = int4_mm(x, packed[128:], 128, scales[:, 128:].contiguous())
+    assert torch.equal(part, whole[:, 128:])
+
+
+def test_shapes_the_kernel_does_not_take_go_to_torch():
+    packed, scales, _ = random_int4(128, 256, 128)
+    gen = torch.Generator().manual_seed(4)
+    many = torch.randn(int4_kernel.MAX_ROWS + 1, 256, generator=gen).to(torch.bfloat16)
+    assert torch.equal(int4_mm(many, packed, 128, scales), torch._weight_int4pack_mm_for_cpu(many, packed, 128, scales))
+    packed48, scales48, _ = random_int4(48, 256, 128)  # 48 outputs: not whole 64-output blocks
+    x = torch.randn(1, 256, generator=gen).to(torch.bfloat16)
+    assert torch.equal(int4_mm(x, packed48, 128, scales48),
+                       torch._weight_int4pack_mm_for_cpu(x, packed48, 128, scales48))
+
+
+def test_the_kernel_can_be_switched_off(monkeypatch):
+    monkeypatch.setattr(int4_kernel, "ENABLED", False)
+    assert not int4_kernel.runs_rows(1, 128, 128)
+    assert int4_kernel.kernel_name().startswith("torch")
+    packed, scales, _ = random_int4(128, 256, 128)
+    x = torch.randn(1, 256, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    assert torch.equal(int4_mm(x, packed, 128, scales), torch._weight_int4pack_mm_for_cpu(x, packed, 128, scales))
+
+
+@needs_kernel
+def test_bad_shapes_raise_instead_of_reading_out_of_bounds():
+    packed, scales, _ = random_int4(128, 256, 128)
+    y = torch.empty(1, 128, dtype=torch.bfloat16)
+    x = torch.randn(1, 256).to(torch.bfloat16)
+    with pytest.raises(ValueError):
+        int4_kernel._int4.mm(packed.data_ptr(), scales.data_ptr(), x.data_ptr(), y.data_ptr(), 1, 100, 256, 128)
+    with pytest.raises(ValueError):
+        int4_kernel._int4.mm(packed.data_ptr(), scales.data_ptr(), x.data_ptr(), y.data_ptr(), 0, 128, 256, 128)
