@@ -23,7 +23,21 @@ MAX_ROWS = _int4.MAX_ROWS if _int4 is not None else 0
 def _wanted() -> bool:
     if _int4 is None or os.environ.get("PONDER_INT4_KERNEL", "").lower() == "torch":
         return False
-    return bool(_int4.supported())
+    return bool(_int4.supported()) and _reads_this_torch_layout()
+
+
+def _reads_this_torch_layout() -> bool:
+    """torch packs int4 per CPU capability (e.g. `ATEN_CPU_CAPABILITY=avx2` changes it): check once, on a small
+    random matrix, that the kernel reads what torch packs here as torch's own kernel does."""
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randint(0, 16, (128, 256), dtype=torch.int32, generator=gen)
+    scales = (torch.rand(2, 128, 2, generator=gen) * 0.02).to(torch.bfloat16)
+    packed = torch._convert_weight_to_int4pack_for_cpu(q, 1)
+    x = torch.randn(2, 256, generator=gen).to(torch.bfloat16)
+    out = torch.empty(2, 128, dtype=torch.bfloat16)
+    _int4.mm(packed.data_ptr(), scales.data_ptr(), x.data_ptr(), out.data_ptr(), 2, 128, 256, 128)
+    reference = torch._weight_int4pack_mm_for_cpu(x, packed, 128, scales)
+    return bool(torch.allclose(out.float(), reference.float(), atol=0.05, rtol=0.02))
 
 
 ENABLED = _wanted()

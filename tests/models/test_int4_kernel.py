@@ -104,3 +104,13 @@ def test_bad_shapes_raise_instead_of_reading_out_of_bounds():
         int4_kernel._int4.mm(packed.data_ptr(), scales.data_ptr(), x.data_ptr(), y.data_ptr(), 1, 100, 256, 128)
     with pytest.raises(ValueError):
         int4_kernel._int4.mm(packed.data_ptr(), scales.data_ptr(), x.data_ptr(), y.data_ptr(), 0, 128, 256, 128)
+
+
+@needs_kernel
+def test_the_kernel_is_off_where_torch_packs_another_layout(monkeypatch):
+    """Where the kernel's output disagrees with torch's kernel on what torch packed (here torch's kernel is replaced
+    by one that reads another layout), the load-time check turns the kernel off instead of decoding garbage."""
+    assert int4_kernel._reads_this_torch_layout()
+    monkeypatch.setattr(torch, "_weight_int4pack_mm_for_cpu",
+                        lambda x, packed, group, scales: torch.zeros(x.shape[0], packed.shape[0], dtype=x.dtype) + 9)
+    assert not int4_kernel._reads_this_torch_layout()
