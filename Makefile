@@ -6,7 +6,7 @@ STAMP := $(VENV)/.ponder-installed
 
 .PHONY: run test install model bench lint clean dist
 
-$(STAMP): pyproject.toml models/_int4.c
+$(STAMP): pyproject.toml models/_int4.c core/_decode_ops.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==2.13.0

@@ -5,8 +5,9 @@ kernels as in them on a 2-core CPU: seven linear modules a layer, the quanto wra
 helpers, the cache's bookkeeping and ~1,400 small ops a step. `FusedDecoder` runs the same computation on the
 same packed weights with fewer, larger ops: q/k/v and gate/up each one int4 matmul over weights concatenated
 once at load (the modules' own packed tensors become views into them, so no weight is stored twice), rotary
-from a cos/sin pair computed once per step, the int8 cache (core.cache.Int8KVLayer) quantized and written in
-place, and the grouped float32 attention of core.attention. Results match the module path to bf16 rounding
+from a cos/sin pair computed once per step, and core.decode_ops' C kernels for RMSNorm, SwiGLU and the
+attention over the int8 cache (core.cache.Int8KVLayer: rotary, quantize and write the token in place, attend).
+The lean layers (core.lean_layers) call the same kernels, so results equal the module path's bit for bit
 (tests/core/test_fused_decode.py).
 
 The engine uses it for steps of one token per row over an int8 cache, with no padding mask, no sparse
@@ -22,6 +23,7 @@ from torch.nn import functional as F
 from models.int4_kernel import int4_mm
 
 from .cache import Int8KVLayer
+from .decode_ops import decode_step, rms_norm, silu_mul
 
 _LAYER_PARTS = (("qkv", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
                 ("o", ("self_attn.o_proj",)), ("gate_up", ("mlp.gate_proj", "mlp.up_proj")),
@@ -166,22 +168,16 @@ class FusedDecoder:
                 and all(type(layer) is Int8KVLayer and layer.is_initialized for layer in layers))
 
     def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
-
-    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
+        return rms_norm(x, weight, self.eps)
 
     @torch.inference_mode()
     def step(self, tokens: torch.Tensor, cache, lora: list[dict] | None = None) -> torch.Tensor:
         """tokens (B,) at the cache's next position (every row the same length) → next-token logits (B, V), as the
         model's LM head gives them. Appends the tokens' keys and values to `cache`. lora: per layer, each part's
         adapter factors (`with_adapter`)."""
-        rows, heads, kv_heads, dim = tokens.shape[0], self.heads, self.kv_heads, self.head_dim
+        heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
         layers = cache.layers
         pos = layers[0].length
-        for layer in layers:
-            layer._ensure_capacity(pos + 1)
         freqs = pos * self.inv_freq
         angles = torch.cat((freqs, freqs))
         dtype = self.embed.dtype  # rotary in the activations' dtype, as transformers applies it
@@ -191,21 +187,11 @@ class FusedDecoder:
         for i, (parts, layer) in enumerate(zip(self.layers, layers, strict=True)):
             adapter = lora[i] if lora is not None else {}
             qkv = parts["qkv"](self._rms(h, parts["norm_in"]), adapter.get("qkv"))
-            q = self._rotate(qkv[:, :q_end].view(rows, heads, dim), cos, sin)
-            k = self._rotate(qkv[:, q_end:k_end].view(rows, kv_heads, dim), cos, sin)
-            v = qkv[:, k_end:].view(rows, kv_heads, dim)
-            kv = torch.stack((k, v)).float()  # (2, B, Hkv, D), quantized as Int8KVLayer.update does
-            scale = kv.abs().amax(-1, keepdim=True).clamp_(min=1e-8).div_(127.0)
-            layer.q[:, :, :, pos] = kv.div_(scale).round_().clamp_(-127, 127).to(torch.int8)
-            layer.s[:, :, :, pos] = scale.to(torch.bfloat16)
-            layer.length = pos + 1
-            stored = layer.q[:, :, :, : pos + 1].float().mul_(layer.s[:, :, :, : pos + 1].float())
-            # attention in float32, as core.attention's decode step computes it
-            grouped = q.float().view(rows, kv_heads, heads // kv_heads, dim)
-            scores = torch.matmul(grouped, stored[0].transpose(-1, -2)).mul_(dim ** -0.5)
-            attn = torch.matmul(scores.softmax(-1), stored[1]).to(h.dtype).reshape(rows, heads * dim)
+            attn = decode_step(layer, qkv[:, :q_end], qkv[:, q_end:k_end], qkv[:, k_end:], cos, sin, heads, kv_heads,
+                               dim ** -0.5)
             h = h + parts["o"](attn, adapter.get("o"))
             gate_up = parts["gate_up"](self._rms(h, parts["norm_post"]), adapter.get("gate_up"))
-            act = F.silu(gate_up[:, : self.intermediate]) * gate_up[:, self.intermediate:]
+            act = silu_mul(gate_up[:, : self.intermediate], gate_up[:, self.intermediate:])
             h = h + parts["down"](act, adapter.get("down"))
-        return self.head(self._rms(h, self.norm))
+        # the final norm as transformers' Qwen2RMSNorm computes it: the module path runs that module itself
+        return self.head(self.norm * F.rms_norm(h.float(), (h.shape[-1],), eps=self.eps).to(h.dtype))
