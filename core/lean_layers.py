@@ -2,13 +2,13 @@
 
 transformers' `Qwen2DecoderLayer` runs a decode step through eleven module calls (attention, MLP, two RMSNorms,
 seven linears), two deprecation wrappers and an attention-function lookup, and its RMSNorm is eight small ops.
-`install(model)` gives each decoder layer a forward that, for one query token per row with no gradient, does
-the same computation directly: RMSNorm and SwiGLU as core.decode_ops computes them (the fused step's own
-kernels), the projections' own forwards (quantized kernels, LoRA fast path), and for an int8 cache
-core.decode_ops' attention step (rotary, append, attend); for other caches, or with a padding mask,
-transformers' rotary function, the cache's `update` and `core.attention.decode_attention`. The feed-forward
-block is cut to the prompt's neurons when the cache carries a GRIFFIN selection (core.sparse_ff). Prompts, training and anything unusual take transformers' forward. The
-layer module itself is still called, so its hooks (hidden-state capture for the verifier) still run.
+`install(model)` gives each decoder layer a forward that, for one query token per row with no gradient, does the
+same computation directly: RMSNorm and SwiGLU as core.decode_ops computes them (the fused step's own kernels), the
+projections' own forwards (quantized kernels, LoRA fast path), and for an int8 cache core.decode_ops' attention
+step (rotary, append, attend); for other caches, or with a padding mask, transformers' rotary function, the cache's
+`update` and `core.attention.decode_attention`. The feed-forward block is cut to the prompt's neurons when the
+cache carries a GRIFFIN selection (core.sparse_ff). Prompts, training and anything unusual take transformers'
+forward. The layer module itself is still called, so its hooks (hidden-state capture for the verifier) still run.
 """
 from __future__ import annotations
 

@@ -134,6 +134,63 @@ static PyObject* py_mm(PyObject* self, PyObject* const* args, Py_ssize_t nargs) 
     Py_RETURN_NONE;
 }
 
+// unpack: the bf16 weight, transposed (K rows of N), as models.quantization.unpack_int4 computes it:
+// w = ((q - 8) * scale) + zero in fp32 (two roundings, no fused multiply-add), rounded to bf16.
+KERNEL_TARGET __attribute__((optimize("fp-contract=off"))) static void unpack(const uint8_t* packed,
+                                                                              const uint32_t* scales32, uint16_t* out,
+                                                                              int N, int K, int group) {
+    const int blocks = N / 64;
+    #pragma omp parallel for schedule(static)
+    for (int k = 0; k < K; k++) {
+        const uint32_t* sz = scales32 + (size_t)(k / group) * N;
+        uint16_t* row = out + (size_t)k * N;
+        for (int b = 0; b < blocks; b++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i*)(packed + ((size_t)b * K + k) * 32));
+            const __m256i lo = _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0F));
+            const __m128i parts[4] = {_mm256_castsi256_si128(lo), _mm256_extracti128_si256(lo, 1),
+                                      _mm256_castsi256_si128(hi), _mm256_extracti128_si256(hi, 1)};
+            for (int q = 0; q < 4; q++) {
+                const int n = b * 64 + 16 * q;
+                const __m512i packed_sz = _mm512_loadu_si512((const void*)(sz + n));
+                const __m512 s = _mm512_castsi512_ps(_mm512_slli_epi32(packed_sz, 16));
+                const __m512 z = _mm512_castsi512_ps(_mm512_and_si512(packed_sz, _mm512_set1_epi32((int)0xFFFF0000u)));
+                const __m512 w = _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(parts[q])), _mm512_set1_ps(8.0f));
+                const __m512 r = _mm512_add_ps(_mm512_mul_ps(w, s), z);
+                _mm256_storeu_si256((__m256i*)(row + n), (__m256i)_mm512_cvtneps_pbh(r));
+            }
+        }
+    }
+}
+
+// unpack(packed, scales, out, N, K, group): out bf16 [K, N] is written.
+static PyObject* py_unpack(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "unpack takes packed, scales, out, N, K, group");
+        return NULL;
+    }
+    void* ptr[3];
+    for (int i = 0; i < 3; i++) {
+        ptr[i] = PyLong_AsVoidPtr(args[i]);
+        if (ptr[i] == NULL && PyErr_Occurred()) return NULL;
+    }
+    long dims[3];
+    for (int i = 0; i < 3; i++) {
+        dims[i] = PyLong_AsLong(args[3 + i]);
+        if (dims[i] == -1 && PyErr_Occurred()) return NULL;
+    }
+    const long N = dims[0], K = dims[1], group = dims[2];
+    if (N < 64 || N % 64 || group < 1 || K < group || K % group) {
+        PyErr_SetString(PyExc_ValueError, "int4 unpack: shape outside the kernel's range");
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    unpack((const uint8_t*)ptr[0], (const uint32_t*)ptr[1], (uint16_t*)ptr[2], (int)N, (int)K, (int)group);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
 static PyObject* py_supported(PyObject* self, PyObject* unused) {
     (void)self; (void)unused;
     __builtin_cpu_init();
@@ -144,6 +201,7 @@ static PyObject* py_supported(PyObject* self, PyObject* unused) {
 
 static PyMethodDef methods[] = {
     {"mm", (PyCFunction)(void (*)(void))py_mm, METH_FASTCALL, "y = x @ W.T for int4 W in torch's packed layout"},
+    {"unpack", (PyCFunction)(void (*)(void))py_unpack, METH_FASTCALL, "the bf16 weight (K, N) of a packed int4 matrix"},
     {"supported", py_supported, METH_NOARGS, "whether this CPU has AVX512-BF16 and AVX512-VBMI"},
     {NULL, NULL, 0, NULL},
 };

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from . import int4_kernel
 from .fpt import FptSpec
 from .int4_kernel import int4_mm
 
@@ -269,6 +270,11 @@ PREFILL_ROWS = 768
 """From this many rows (a long prompt's prefill) an int4 layer unpacks its weight to bf16 for one dense GEMM:
 the packed kernel is built for a few rows (26.6 ms against 10.6 ms for bf16 at 512 rows of a 4864×896 weight
 on a 2-core EPYC; the unpacking costs ~10-15 ms and is paid once per call)."""
+PREFILL_ROWS_PONDER = 48
+"""The same where Ponder's C kernel unpacks (models.int4_kernel.unpack: one pass into a reused buffer, ~0.5 ms
+for 4864×896 against ~12 ms for the tensor ops): on a 2-core EPYC the unpacked path wins from ~32 rows
+(48 rows: 4.3 against 5.3 ms for 9728×896, 12.1 against 15.4 ms for the 1.5B's 17920×1536; 512 rows: 22.6
+against 52.7 ms and 70.4 against 166 ms). Below it, up to 48 rows run on Ponder's kernel 16 rows at a time."""
 PREFILL_ROWS_AMX = 128
 """The same on a CPU with AMX tiles, where oneDNN runs the bf16 GEMM on them: on a 2-core Xeon the unpacked
 path wins from ~100 rows (0.5B prefill: 128 tokens 0.60 → 0.52 s, 512 tokens 2.37 → 0.76 s; 64 tokens 0.32
@@ -286,15 +292,22 @@ def _has_amx() -> bool:
 def prefill_rows() -> int:
     """Rows from which int4 layers compute on their unpacked bf16 weight, for this CPU (fixed per machine, so
     the same prompt always takes the same path)."""
-    return PREFILL_ROWS_AMX if _has_amx() else PREFILL_ROWS
+    if _has_amx():
+        return PREFILL_ROWS_AMX
+    return PREFILL_ROWS_PONDER if int4_kernel.ENABLED else PREFILL_ROWS
 
 
-def unpack_int4(module: nn.Module) -> torch.Tensor:
+def unpack_int4(module: nn.Module, scratch: bool = False) -> torch.Tensor:
     """The bf16 weight of a packed int4 layer, transposed: (in, out), unpacked with tensor ops. torch's CPU
     packing keeps blocks of 64 output rows, a byte per input column holding rows r (low nibble) and r + 32 (high
-    nibble); w = (q - 8) · scale + zero per group of inputs, in float32 then rounded, as the kernel computes it."""
+    nibble); w = (q - 8) · scale + zero per group of inputs, in float32 then rounded, as the kernel computes it.
+    Ponder's C kernel (models.int4_kernel.unpack) does it in one pass where it runs; scratch: into the thread's
+    reused buffer (valid until the next scratch unpack), which a forward pass consumes at once."""
     w = module.weight
     n, k, group = module.out_features, module.in_features, w._group_size
+    fast = int4_kernel.unpack(w._data._data, w._scale_shift, group, k, scratch)  # the same numbers, in one C pass
+    if fast is not None:
+        return fast
     v = w._data._data.view(n // 64, k, 32)
     q = torch.cat((v & 0xF, v >> 4), -1).permute(1, 0, 2).reshape(k // group, group, n)
     scale_zero = w._scale_shift.float().unsqueeze(1)  # (k / group, 1, n, 2)
@@ -330,7 +343,7 @@ def _int4_forward(self, x: torch.Tensor) -> torch.Tensor:
     w = self.weight
     x2d = x.reshape(-1, x.shape[-1]).contiguous()  # the packed kernels take contiguous rows only
     if x2d.shape[0] >= prefill_rows() and self.out_features % 64 == 0 and unpack_matches_kernel():
-        out = torch.matmul(x2d, unpack_int4(self))
+        out = torch.matmul(x2d, unpack_int4(self, scratch=True))
     else:
         out = int4_mm(x2d, w._data._data, w._group_size, w._scale_shift)
     out = out.view(*x.shape[:-1], out.shape[-1])

@@ -144,3 +144,29 @@ def test_shapes_outside_the_kernel_raise():
 
 def test_kernel_name_says_what_runs():
     assert decode_ops.kernel_name() in ("ponder", "torch", "torch (ponder kernel not built)")
+
+
+@needs_kernel
+def test_rms_norm_and_swiglu_match_the_torch_ops(monkeypatch):
+    gen = torch.Generator().manual_seed(11)
+    x = (torch.randn(5, 1, 896, generator=gen) * 3).to(torch.bfloat16)
+    weight = (torch.randn(896, generator=gen) * 0.5 + 1).to(torch.bfloat16)
+    gate_up = (torch.randn(4, 2 * 640, generator=gen) * 4).to(torch.bfloat16)
+    mine = decode_ops.rms_norm(x, weight, 1e-6), decode_ops.silu_mul(gate_up[:, :640], gate_up[:, 640:])
+    monkeypatch.setattr(decode_ops, "ENABLED", False)
+    theirs = decode_ops.rms_norm(x, weight, 1e-6), decode_ops.silu_mul(gate_up[:, :640], gate_up[:, 640:])
+    for a, b in zip(mine, theirs, strict=True):
+        assert a.shape == b.shape and a.dtype == b.dtype == torch.bfloat16
+        # the float32 sums differ in order only: at most one bf16 step apart, on a few elements
+        torch.testing.assert_close(a.float(), b.float(), atol=0, rtol=2 ** -7)
+        assert (a != b).float().mean() < 1e-3
+
+
+def test_the_small_ops_take_what_the_kernels_do_not(monkeypatch):
+    """float32 rows and non-contiguous inputs fall back to the torch ops rather than misread memory."""
+    x = torch.randn(3, 64)
+    weight = torch.ones(64)
+    torch.testing.assert_close(decode_ops.rms_norm(x, weight, 1e-6),
+                               torch.nn.functional.rms_norm(x, (64,), eps=1e-6))
+    g = torch.randn(64, 3).to(torch.bfloat16).t()  # column stride 3
+    assert torch.equal(decode_ops.silu_mul(g, g), torch.nn.functional.silu(g) * g)

@@ -2,6 +2,7 @@
 closely as torch's own kernel does, gives each row the same result whatever the batch, and hands every shape
 it does not take to torch's kernel."""
 import shutil
+import types
 
 import pytest
 import torch
@@ -60,10 +61,11 @@ def test_kernel_matches_a_float64_reference_as_closely_as_torch(rows, n, k, grou
 @needs_kernel
 def test_each_row_gets_the_same_result_alone_or_in_a_batch():
     packed, scales, _ = random_int4(384, 512, 128)
-    x = torch.randn(11, 512, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
-    batched = int4_mm(x, packed, 128, scales)
-    alone = torch.cat([int4_mm(x[i:i + 1].contiguous(), packed, 128, scales) for i in range(11)])
-    assert torch.equal(batched, alone)
+    x = torch.randn(41, 512, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    for rows in (11, 41):  # one call, and a short prompt's rows 16 at a time
+        batched = int4_mm(x[:rows], packed, 128, scales)
+        alone = torch.cat([int4_mm(x[i:i + 1].contiguous(), packed, 128, scales) for i in range(rows)])
+        assert torch.equal(batched, alone)
 
 
 @needs_kernel
@@ -78,7 +80,7 @@ def test_the_kernel_reads_row_slices_of_a_concatenated_matrix():
 def test_shapes_the_kernel_does_not_take_go_to_torch():
     packed, scales, _ = random_int4(128, 256, 128)
     gen = torch.Generator().manual_seed(4)
-    many = torch.randn(int4_kernel.MAX_ROWS + 1, 256, generator=gen).to(torch.bfloat16)
+    many = torch.randn(int4_kernel.CHUNKED_ROWS + 1, 256, generator=gen).to(torch.bfloat16)
     assert torch.equal(int4_mm(many, packed, 128, scales), torch._weight_int4pack_mm_for_cpu(many, packed, 128, scales))
     packed48, scales48, _ = random_int4(48, 256, 128)  # 48 outputs: not whole 64-output blocks
     x = torch.randn(1, 256, generator=gen).to(torch.bfloat16)
@@ -114,3 +116,30 @@ def test_the_kernel_is_off_where_torch_packs_another_layout(monkeypatch):
     monkeypatch.setattr(torch, "_weight_int4pack_mm_for_cpu",
                         lambda x, packed, group, scales: torch.zeros(x.shape[0], packed.shape[0], dtype=x.dtype) + 9)
     assert not int4_kernel._reads_this_torch_layout()
+
+
+@needs_kernel
+@pytest.mark.parametrize(("n", "k", "group"), [(128, 256, 128), (384, 512, 64), (192, 96, 32)])
+def test_unpack_gives_the_tensor_ops_bf16_weight_bit_for_bit(monkeypatch, n, k, group):
+    from models import quantization
+
+    packed, scales, _ = random_int4(n, k, group)
+    layer = types.SimpleNamespace(out_features=n, in_features=k, weight=types.SimpleNamespace(
+        _data=types.SimpleNamespace(_data=packed), _scale_shift=scales, _group_size=group))
+    mine = quantization.unpack_int4(layer)
+    again = quantization.unpack_int4(layer, scratch=True)
+    monkeypatch.setattr(int4_kernel, "ENABLED", False)
+    theirs = quantization.unpack_int4(layer)
+    assert mine.shape == (k, n) and torch.equal(mine, theirs) and torch.equal(again, theirs)
+    x = torch.randn(3, k, generator=torch.Generator().manual_seed(8)).to(torch.bfloat16)
+    assert torch.allclose(x.float() @ mine.float(), torch._weight_int4pack_mm_for_cpu(x, packed, group, scales).float(),
+                          atol=0.1, rtol=0.02)
+
+
+@needs_kernel
+def test_scratch_unpacks_reuse_one_buffer_per_thread():
+    packed, scales, _ = random_int4(128, 256, 128)
+    first = int4_kernel.unpack(packed, scales, 128, 256, scratch=True)
+    second = int4_kernel.unpack(packed, scales, 128, 256, scratch=True)
+    assert first.data_ptr() == second.data_ptr()
+    assert int4_kernel.unpack(packed, scales, 128, 256).data_ptr() != first.data_ptr()

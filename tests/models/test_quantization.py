@@ -49,7 +49,8 @@ def test_long_prompts_run_on_the_unpacked_weight_it_equals_the_kernels_own(monke
     assert layer.out_features % 64 == 0  # whole blocks of 64 output rows: the unpacked path applies
     assert quantization.unpack_matches_kernel()  # the packing read right on this CPU
     assert torch.equal(quantization.unpack_int4(layer).t(), quantization.dense_weight(layer))
-    assert quantization.prefill_rows() in (quantization.PREFILL_ROWS, quantization.PREFILL_ROWS_AMX)
+    assert quantization.prefill_rows() in (quantization.PREFILL_ROWS, quantization.PREFILL_ROWS_PONDER,
+                                           quantization.PREFILL_ROWS_AMX)
     x = torch.randn(quantization.prefill_rows(), 256, dtype=torch.bfloat16)
     with torch.inference_mode():
         unpacked = layer(x)  # as many rows as a long prompt: one bf16 GEMM
