@@ -35,20 +35,19 @@ static inline float bf2f(uint16_t h) {
     return f;
 }
 
-static inline uint16_t f2bf(float f) {  // round to nearest even, as c10::BFloat16
+static inline uint16_t f2bf(float f) {  // round to nearest even, as c10::BFloat16 (branch-free: loops vectorize)
     uint32_t u;
     memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
+    const uint32_t rounded_bits = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, quiet_nan = (u >> 16) | 0x40u;
+    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded_bits);
 }
 
 static inline float rounded(float f) { return bf2f(f2bf(f)); }
 
-// Cephes' expf for x <= 0 (about 1 ulp), branch-free so that the loops around it vectorize.
+// Cephes' expf for x <= 0 (about 1 ulp), branch-free (no floorf call) so that the loops around it vectorize.
 static inline float exp_nonpositive(float x) {
     x = x < -87.0f ? -87.0f : x;
-    const float n = floorf(x * 1.44269504088896341f + 0.5f);
+    const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to an integer, branch-free
     const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
     float p = 1.9875691500e-4f;
     p = p * r + 1.3981999507e-3f;
@@ -336,20 +335,30 @@ CLONES static void rms_rows(const uint16_t* x, long x_stride, const uint16_t* w,
 #pragma omp simd reduction(+ : sum)
         for (int i = 0; i < n; i++) sum += bf2f(xr[i]) * bf2f(xr[i]);
         const float inv = 1.0f / sqrtf(sum / (float)n + eps);
+#pragma omp simd
         for (int i = 0; i < n; i++) y[(size_t)r * n + i] = f2bf(bf2f(w[i]) * rounded(bf2f(xr[i]) * inv));
     }
 }
 
 CLONES static void silu_mul_rows(const uint16_t* g, long g_stride, const uint16_t* u, long u_stride, uint16_t* y,
                                  int rows, int n) {
+    float e[256];
     for (int r = 0; r < rows; r++) {
         const uint16_t* gr = g + (size_t)r * g_stride;
         const uint16_t* ur = u + (size_t)r * u_stride;
-        for (int i = 0; i < n; i++) {
-            const float x = bf2f(gr[i]);
-            const float e = exp_nonpositive(-fabsf(x));  // sigmoid from exp(-|x|): no overflow either side
-            const float sigmoid = x >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
-            y[(size_t)r * n + i] = f2bf(rounded(x * sigmoid) * bf2f(ur[i]));
+        uint16_t* yr = y + (size_t)r * n;
+        for (int i0 = 0; i0 < n; i0 += 256) {
+            const int m = n - i0 < 256 ? n - i0 : 256;
+#pragma omp simd
+            for (int i = 0; i < m; i++) e[i] = -fabsf(bf2f(gr[i0 + i]));
+#pragma omp simd
+            for (int i = 0; i < m; i++) e[i] = exp_nonpositive(e[i]);  // exp(-|x|): no overflow either side
+#pragma omp simd
+            for (int i = 0; i < m; i++) {
+                const float x = bf2f(gr[i0 + i]);
+                const float sigmoid = (x >= 0.0f ? 1.0f : e[i]) / (1.0f + e[i]);
+                yr[i0 + i] = f2bf(rounded(x * sigmoid) * bf2f(ur[i0 + i]));
+            }
         }
     }
 }
@@ -371,7 +380,7 @@ static int read_args(PyObject* const* args, Py_ssize_t nargs, Py_ssize_t want, v
     return 0;
 }
 
-// rms_norm(x, w, y, rows, n, x_stride, eps * 1e12 as an int): y (rows, n) contiguous.
+// rms_norm(x, w, y, rows, n, x_stride, eps): y (rows, n) contiguous.
 static PyObject* py_rms_norm(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
     (void)self;
     void* ptr[3];
@@ -380,7 +389,7 @@ static PyObject* py_rms_norm(PyObject* self, PyObject* const* args, Py_ssize_t n
         PyErr_SetString(PyExc_TypeError, "rms_norm takes x, w, y, rows, n, x_stride, eps");
         return NULL;
     }
-    if (read_args(args, 6, 6, ptr, 3, dims, "") < 0) return NULL;
+    if (read_args(args, 6, 6, ptr, 3, dims, "") < 0) return NULL;  // the six integers; eps is a float
     const double eps = PyFloat_AsDouble(args[6]);
     if (eps == -1.0 && PyErr_Occurred()) return NULL;
     if (dims[0] < 1 || dims[1] < 1 || dims[2] < dims[1]) {
@@ -405,7 +414,23 @@ static PyObject* py_silu_mul(PyObject* self, PyObject* const* args, Py_ssize_t n
     Py_RETURN_NONE;
 }
 
+// use_avx512(flag): whether attend takes its AVX-512 tiles (where the CPU has them) or the portable loops;
+// returns the previous setting. For tests of the portable path on AVX-512 machines.
+static PyObject* py_use_avx512(PyObject* self, PyObject* flag) {
+    (void)self;
+    if (has_avx512 < 0) {
+        __builtin_cpu_init();
+        has_avx512 = __builtin_cpu_supports("avx512f") ? 1 : 0;
+    }
+    const int previous = has_avx512, wanted = PyObject_IsTrue(flag);
+    if (wanted < 0) return NULL;
+    __builtin_cpu_init();
+    has_avx512 = wanted && __builtin_cpu_supports("avx512f");
+    return PyBool_FromLong(previous);
+}
+
 static PyMethodDef methods[] = {
+    {"use_avx512", py_use_avx512, METH_O, "take the AVX-512 attention tiles (True) or the portable loops"},
     {"attend", (PyCFunction)(void (*)(void))py_attend, METH_FASTCALL,
      "append one token's key and value to an int8 cache layer and attend over it"},
     {"rms_norm", (PyCFunction)(void (*)(void))py_rms_norm, METH_FASTCALL, "Qwen2 RMSNorm of bf16 rows"},

@@ -170,3 +170,23 @@ def test_the_small_ops_take_what_the_kernels_do_not(monkeypatch):
                                torch.nn.functional.rms_norm(x, (64,), eps=1e-6))
     g = torch.randn(64, 3).to(torch.bfloat16).t()  # column stride 3
     assert torch.equal(decode_ops.silu_mul(g, g), torch.nn.functional.silu(g) * g)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dim", [64, 128, 48])
+def test_the_portable_attention_loops_match_the_torch_step(monkeypatch, dim):
+    """CPUs without AVX-512 (and head sizes other than 64 / 128) take the portable C loops."""
+    gen = torch.Generator().manual_seed(dim)
+    rows, heads, kv_heads, tokens = 2, 12, 2, 70
+    layer = _layer(rows, kv_heads, dim, tokens, gen)
+    args = (*_inputs(rows, heads, kv_heads, dim, gen, tokens), heads, kv_heads, dim ** -0.5)
+    theirs = copy.deepcopy(layer)
+    ref_out = _torch_path(monkeypatch, theirs, *args)
+    previous = decode_ops._decode_ops.use_avx512(False)
+    try:
+        out = decode_ops.decode_step(copy.deepcopy(layer), *args)
+    finally:
+        decode_ops._decode_ops.use_avx512(previous)
+    torch.testing.assert_close(out.float(), ref_out.float(), atol=2e-2, rtol=2e-2)
+    tiled = decode_ops.decode_step(copy.deepcopy(layer), *args)
+    torch.testing.assert_close(out.float(), tiled.float(), atol=2e-2, rtol=2e-2)
