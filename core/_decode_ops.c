@@ -82,6 +82,25 @@ static void store_int8(const float* x, int dim, int8_t* q, uint16_t* scale) {
     *scale = f2bf(s);
 }
 
+// Softmax numerators of G heads' scores in place, each times its value row's scale (folded into the weight);
+// total[g] gets head g's sum of numerators.
+static inline __attribute__((always_inline)) void softmax_weights(float* scores, int groups, int tokens,
+                                                                  const uint16_t* vs, float* total) {
+    for (int g = 0; g < groups; g++) {
+        float* sg = scores + (size_t)g * tokens;
+        float top = sg[0];
+        for (int t = 1; t < tokens; t++) top = fmaxf(top, sg[t]);
+        float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+        for (int t = 0; t < tokens; t++) {
+            const float e = exp_nonpositive(sg[t] - top);
+            sg[t] = e * bf2f(vs[t]);
+            sum += e;
+        }
+        total[g] = sum;
+    }
+}
+
 // Scores, softmax and the weighted sum of values for G query heads over T int8 rows of one KV head.
 CLONES static void attend_head(const float* q, int groups, int dim, int tokens, const int8_t* kq, const uint16_t* ks,
                                const int8_t* vq, const uint16_t* vs, float scaling, float* scores, uint16_t* out) {
@@ -98,20 +117,8 @@ CLONES static void attend_head(const float* q, int groups, int dim, int tokens, 
             scores[(size_t)g * tokens + t] = dot * factor;
         }
     }
-    for (int g = 0; g < groups; g++) {
-        float* sg = scores + (size_t)g * tokens;
-        float top = sg[0];
-        for (int t = 1; t < tokens; t++) top = fmaxf(top, sg[t]);
-        float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (int t = 0; t < tokens; t++) {
-            const float e = exp_nonpositive(sg[t] - top);
-            sg[t] = e * bf2f(vs[t]);  // the value row's scale folded into its weight
-            sum += e;
-        }
-        total[g] = sum;
-        for (int d = 0; d < dim; d++) acc[g * dim + d] = 0.0f;
-    }
+    softmax_weights(scores, groups, tokens, vs, total);
+    for (int i = 0; i < groups * dim; i++) acc[i] = 0.0f;
     for (int t = 0; t < tokens; t++) {
         const int8_t* row = vq + (size_t)t * dim;
         for (int d = 0; d < dim; d++) kf[d] = (float)row[d];
@@ -181,19 +188,7 @@ AVX512 static inline __attribute__((always_inline)) void attend_head_avx512(
         }
     }
     float total[MAX_GROUP];
-    for (int g = 0; g < groups; g++) {
-        float* sg = scores + (size_t)g * tokens;
-        float top = sg[0];
-        for (int t = 1; t < tokens; t++) top = fmaxf(top, sg[t]);
-        float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (int t = 0; t < tokens; t++) {
-            const float e = exp_nonpositive(sg[t] - top);
-            sg[t] = e * bf2f(vs[t]);
-            sum += e;
-        }
-        total[g] = sum;
-    }
+    softmax_weights(scores, groups, tokens, vs, total);
     __m512 acc[MAX_GROUP][16];
     for (int g = 0; g < groups; g++)
         for (int c = 0; c < CHUNKS; c++) acc[g][c] = _mm512_setzero_ps();
@@ -232,7 +227,14 @@ AVX512 static void attend_head_avx512_128(const float* q, int groups, int tokens
     attend_head_avx512(q, groups, 8, tokens, kq, ks, vq, vs, scaling, scores, out);
 }
 
-static int has_avx512 = -1;
+static int has_avx512 = -1;  // -1 until the first call asks the CPU
+
+static void detect_avx512(void) {
+    if (has_avx512 < 0) {
+        __builtin_cpu_init();
+        has_avx512 = __builtin_cpu_supports("avx512f") ? 1 : 0;
+    }
+}
 
 typedef struct {
     const uint16_t *q, *k, *v, *cos, *sin;
@@ -289,24 +291,32 @@ static int run_step(const Step* st) {
     return failed;
 }
 
+// Reads nptr addresses, then ndims integers, from a fastcall argument vector of exactly `want` arguments.
+static int read_args(PyObject* const* args, Py_ssize_t nargs, Py_ssize_t want, void** ptr, int nptr, long* dims,
+                     int ndims, const char* usage) {
+    if (nargs != want) {
+        PyErr_SetString(PyExc_TypeError, usage);
+        return -1;
+    }
+    for (int i = 0; i < nptr; i++) {
+        ptr[i] = PyLong_AsVoidPtr(args[i]);
+        if (ptr[i] == NULL && PyErr_Occurred()) return -1;
+    }
+    for (int i = 0; i < ndims; i++) {
+        dims[i] = PyLong_AsLong(args[nptr + i]);
+        if (dims[i] == -1 && PyErr_Occurred()) return -1;
+    }
+    return 0;
+}
+
 // attend(q, k, v, cos, sin, cache_q, cache_s, out, q_stride, k_stride, v_stride, cs_stride,
 //      rows, heads, kv_heads, dim, cap, pos, scaling): addresses as ints, strides in elements.
 static PyObject* py_attend(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 19) {
-        PyErr_SetString(PyExc_TypeError, "attend takes 8 addresses, 4 strides, 6 sizes and the scaling");
-        return NULL;
-    }
     void* ptr[8];
-    for (int i = 0; i < 8; i++) {
-        ptr[i] = PyLong_AsVoidPtr(args[i]);
-        if (ptr[i] == NULL && PyErr_Occurred()) return NULL;
-    }
     long dims[10];
-    for (int i = 0; i < 10; i++) {
-        dims[i] = PyLong_AsLong(args[8 + i]);
-        if (dims[i] == -1 && PyErr_Occurred()) return NULL;
-    }
+    if (read_args(args, nargs, 19, ptr, 8, dims, 10, "attend takes 8 addresses, 4 strides, 6 sizes and the scaling") < 0)
+        return NULL;
     const double scaling = PyFloat_AsDouble(args[18]);
     if (scaling == -1.0 && PyErr_Occurred()) return NULL;
     Step st = {ptr[0], ptr[1], ptr[2], ptr[3], ptr[4], dims[0], dims[1], dims[2], dims[3], ptr[5], ptr[6], ptr[7],
@@ -316,10 +326,7 @@ static PyObject* py_attend(PyObject* self, PyObject* const* args, Py_ssize_t nar
         PyErr_SetString(PyExc_ValueError, "kv attention step: shape outside the kernel's range");
         return NULL;
     }
-    if (has_avx512 < 0) {
-        __builtin_cpu_init();
-        has_avx512 = __builtin_cpu_supports("avx512f") ? 1 : 0;
-    }
+    detect_avx512();
     int failed;
     Py_BEGIN_ALLOW_THREADS
     failed = run_step(&st);
@@ -363,33 +370,12 @@ CLONES static void silu_mul_rows(const uint16_t* g, long g_stride, const uint16_
     }
 }
 
-static int read_args(PyObject* const* args, Py_ssize_t nargs, Py_ssize_t want, void** ptr, int nptr, long* dims,
-                     const char* usage) {
-    if (nargs != want) {
-        PyErr_SetString(PyExc_TypeError, usage);
-        return -1;
-    }
-    for (int i = 0; i < nptr; i++) {
-        ptr[i] = PyLong_AsVoidPtr(args[i]);
-        if (ptr[i] == NULL && PyErr_Occurred()) return -1;
-    }
-    for (Py_ssize_t i = nptr; i < want; i++) {
-        dims[i - nptr] = PyLong_AsLong(args[i]);
-        if (dims[i - nptr] == -1 && PyErr_Occurred()) return -1;
-    }
-    return 0;
-}
-
 // rms_norm(x, w, y, rows, n, x_stride, eps): y (rows, n) contiguous.
 static PyObject* py_rms_norm(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
     (void)self;
     void* ptr[3];
     long dims[3];
-    if (nargs != 7) {
-        PyErr_SetString(PyExc_TypeError, "rms_norm takes x, w, y, rows, n, x_stride, eps");
-        return NULL;
-    }
-    if (read_args(args, 6, 6, ptr, 3, dims, "") < 0) return NULL;  // the six integers; eps is a float
+    if (read_args(args, nargs, 7, ptr, 3, dims, 3, "rms_norm takes x, w, y, rows, n, x_stride, eps") < 0) return NULL;
     const double eps = PyFloat_AsDouble(args[6]);
     if (eps == -1.0 && PyErr_Occurred()) return NULL;
     if (dims[0] < 1 || dims[1] < 1 || dims[2] < dims[1]) {
@@ -405,7 +391,8 @@ static PyObject* py_silu_mul(PyObject* self, PyObject* const* args, Py_ssize_t n
     (void)self;
     void* ptr[3];
     long dims[4];
-    if (read_args(args, nargs, 7, ptr, 3, dims, "silu_mul takes g, u, y, rows, n, g_stride, u_stride") < 0) return NULL;
+    if (read_args(args, nargs, 7, ptr, 3, dims, 4, "silu_mul takes g, u, y, rows, n, g_stride, u_stride") < 0)
+        return NULL;
     if (dims[0] < 1 || dims[1] < 1 || dims[2] < dims[1] || dims[3] < dims[1]) {
         PyErr_SetString(PyExc_ValueError, "silu_mul: bad shape");
         return NULL;
@@ -418,10 +405,7 @@ static PyObject* py_silu_mul(PyObject* self, PyObject* const* args, Py_ssize_t n
 // returns the previous setting. For tests of the portable path on AVX-512 machines.
 static PyObject* py_use_avx512(PyObject* self, PyObject* flag) {
     (void)self;
-    if (has_avx512 < 0) {
-        __builtin_cpu_init();
-        has_avx512 = __builtin_cpu_supports("avx512f") ? 1 : 0;
-    }
+    detect_avx512();
     const int previous = has_avx512, wanted = PyObject_IsTrue(flag);
     if (wanted < 0) return NULL;
     __builtin_cpu_init();

@@ -105,23 +105,30 @@ KERNEL_TARGET static void int4_mm(const uint8_t* packed, const uint32_t* scales3
     free(xsum);
 }
 
+// Reads nptr addresses, then ndims integers, from a fastcall argument vector of exactly `want` arguments.
+static int read_args(PyObject* const* args, Py_ssize_t nargs, Py_ssize_t want, void** ptr, int nptr, long* dims,
+                     int ndims, const char* usage) {
+    if (nargs != want) {
+        PyErr_SetString(PyExc_TypeError, usage);
+        return -1;
+    }
+    for (int i = 0; i < nptr; i++) {
+        ptr[i] = PyLong_AsVoidPtr(args[i]);
+        if (ptr[i] == NULL && PyErr_Occurred()) return -1;
+    }
+    for (int i = 0; i < ndims; i++) {
+        dims[i] = PyLong_AsLong(args[nptr + i]);
+        if (dims[i] == -1 && PyErr_Occurred()) return -1;
+    }
+    return 0;
+}
+
 // mm(packed, scales, x, y, M, N, K, group): addresses as ints, arrays contiguous; y bf16 [M, N] is written.
 static PyObject* py_mm(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 8) {
-        PyErr_SetString(PyExc_TypeError, "mm takes packed, scales, x, y, M, N, K, group");
-        return NULL;
-    }
     void* ptr[4];
-    for (int i = 0; i < 4; i++) {
-        ptr[i] = PyLong_AsVoidPtr(args[i]);
-        if (ptr[i] == NULL && PyErr_Occurred()) return NULL;
-    }
     long dims[4];
-    for (int i = 0; i < 4; i++) {
-        dims[i] = PyLong_AsLong(args[4 + i]);
-        if (dims[i] == -1 && PyErr_Occurred()) return NULL;
-    }
+    if (read_args(args, nargs, 8, ptr, 4, dims, 4, "mm takes packed, scales, x, y, M, N, K, group") < 0) return NULL;
     const long M = dims[0], N = dims[1], K = dims[2], group = dims[3];
     if (M < 1 || M > MAX_ROWS || N < 64 || N % 64 || group < 4 || group % 4 || K < group || K % group) {
         PyErr_SetString(PyExc_ValueError, "int4 mm: shape outside the kernel's range");
@@ -166,20 +173,9 @@ KERNEL_TARGET __attribute__((optimize("fp-contract=off"))) static void unpack(co
 // unpack(packed, scales, out, N, K, group): out bf16 [K, N] is written.
 static PyObject* py_unpack(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "unpack takes packed, scales, out, N, K, group");
-        return NULL;
-    }
     void* ptr[3];
-    for (int i = 0; i < 3; i++) {
-        ptr[i] = PyLong_AsVoidPtr(args[i]);
-        if (ptr[i] == NULL && PyErr_Occurred()) return NULL;
-    }
     long dims[3];
-    for (int i = 0; i < 3; i++) {
-        dims[i] = PyLong_AsLong(args[3 + i]);
-        if (dims[i] == -1 && PyErr_Occurred()) return NULL;
-    }
+    if (read_args(args, nargs, 6, ptr, 3, dims, 3, "unpack takes packed, scales, out, N, K, group") < 0) return NULL;
     const long N = dims[0], K = dims[1], group = dims[2];
     if (N < 64 || N % 64 || group < 1 || K < group || K % group) {
         PyErr_SetString(PyExc_ValueError, "int4 unpack: shape outside the kernel's range");
