@@ -9,11 +9,12 @@ sampled token, thinking and answer (`length="total"`, the paper's choice: a thin
 is fed by the engine, not sampled, so it counts in neither L nor the loss.
 
 On a quantized base (w4/w8/w4-fpt) the rollouts are decoded by a second engine: the int4/int8 model as the app
-serves it (packed kernels, the lean LoRA path), its adapter overwritten with the trained one's tensors before
-every step. The update runs on the base's exact dequantized copy with dense kernels for backward (QAMR). The two
-compute the same function up to kernel rounding, the way RL frameworks decode with an inference engine and
-train with another. Decoding on the dense fp32 training copy cost ~3× as long a step (4 rows, one thread each:
-635 against 205 ms with another job on the second core).
+serves it (packed kernels, the int8 KV cache, the fused decode step with the adapter on where it applies), its
+adapter overwritten with the trained one's tensors before every step. The update runs on the base's exact
+dequantized copy with dense kernels for backward (QAMR). The two compute the same function up to kernel rounding
+(and the cache's int8 rounding), the way RL frameworks decode with an inference engine and train with another.
+Decoding on the dense fp32 training copy cost ~3× as long a step (4 rows, one thread each: 635 against 205 ms
+with another job on the second core).
 
 The update is the same two-pass masked forward as SFT: the prefix runs base-only without gradient (its cache is
 exactly what inference reuses), the response runs with the adapter on; per-token log-probs of the sampled tokens
@@ -159,15 +160,18 @@ def rollout(engine: Engine, question: str, budget: int, args: RlArgs, seed: int)
     """G samples from one base prefill, decoded as one batch without autograd (the update recomputes what it
     needs); returns the prefix ids and the samples."""
     ids = engine.prompt_ids(question, reasoning_system(budget))
-    cache = new_cache(engine.model.config, "bf16")
+    cache = new_cache(engine.model.config, engine.kv)
     logits, _ = engine.open_prompt(ids, "reason", cache)
     cache = fork(cache, args.group)
+    fused = engine.fused.with_adapter(engine.slots.reasoning.peft_name) if (
+        engine.fused is not None and engine.slots.reasoning is not None) else None
     cfg = SamplingConfig(temperature=args.temperature, top_p=1.0, top_k=0, repetition_penalty=1.0,
                          max_tokens=args.answer_tokens, seed=seed)
     rows = [new_row(i, engine.tokenizer, engine.markers, cfg, reasoning=True, think_limit=budget,
                     answer_limit=args.answer_tokens) for i in range(args.group)]
     for _event in decode_rows(engine.model, cache, logits.expand(args.group, -1), rows, tokenizer=engine.tokenizer,
-                              markers=engine.markers, eos_ids=engine.eos_ids, cfg=cfg, generator=make_generator(seed)):
+                              markers=engine.markers, eos_ids=engine.eos_ids, cfg=cfg, generator=make_generator(seed),
+                              fused=fused):
         pass
     samples = []
     for row in rows:
@@ -244,7 +248,7 @@ def setup(args: RlArgs, store: ModelStore | None = None):
                     kv="bf16", adapter_name=adapters.ADAPTER_NAME)
     if args.precision.startswith("w"):  # rollouts on the int4/int8 kernels the app serves with
         served = adapters.load_adapter(load_model(installed, weights), start)
-        engine.rollouts = Engine(served, tokenizer, model_id=args.model_id, precision=args.precision, kv="bf16",
+        engine.rollouts = Engine(served, tokenizer, model_id=args.model_id, precision=args.precision, kv="int8",
                                  adapter_name=adapters.ADAPTER_NAME)
     params = [p for p in model.parameters() if p.requires_grad]
     ref = [p.detach().clone() for p in params]

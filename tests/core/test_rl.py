@@ -210,8 +210,38 @@ def test_quantized_base_rolls_out_on_the_served_int4_model_with_the_trained_adap
     assert rollout_engine(engine) is served
     current = dict(served.model.named_parameters())
     assert all(torch.equal(current[n].float(), p.float()) for n, p in trained.items())
+    assert served.kv == "int8"  # rollouts decode over the KV8 cache the app serves with
     prefix, samples = rollout(served, GSM[0]["question"], 6, args, seed=2)
     assert len(samples) == 2 and all(s.thinking_tokens <= 6 for s in samples)
     stats = policy_update(engine.model, optim, prefix, samples, [1.0, -1.0], ref, clip=args.clip, kl=args.kl,
                           temperature=args.temperature)
     assert math.isfinite(stats["loss"])
+
+
+def test_rollouts_take_the_fused_adapter_step_and_sample_what_the_module_path_samples():
+    """On packed int4 weights the rollouts run the fused decode step with the adapter on; it computes exactly what
+    the peft module path computes, so the sampled rollouts are the same token for token."""
+    from tests.core.test_fused_decode import lora_engine
+
+    engine = lora_engine()
+    assert engine.fused is not None
+    args = RlArgs(data=("unused",), budgets=(12,), group=3, answer_tokens=4, temperature=1.0)
+    calls = []
+    engine.fused.with_adapter = lambda name, real=engine.fused.with_adapter: _counting(real(name), calls)
+    prefix, fused = rollout(engine, "What is 17*23?", 12, args, seed=4)
+    assert calls, "the rollouts took the fused step"
+    engine.fused = None
+    plain_prefix, plain = rollout(engine, "What is 17*23?", 12, args, seed=4)
+    assert plain_prefix == prefix and [s.ids for s in plain] == [s.ids for s in fused]
+    assert len({tuple(s.ids) for s in fused}) > 1
+
+
+def _counting(adapter_step, calls):
+    real = adapter_step.step
+
+    def step(tokens, cache):
+        calls.append(len(tokens))
+        return real(tokens, cache)
+
+    adapter_step.step = step
+    return adapter_step
