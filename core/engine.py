@@ -170,15 +170,20 @@ class Engine(AdapterChoice):
         think_limit = max(1, min(budget or room, room - answer_max_tokens))
         return think_limit, max(1, min(answer_max_tokens, room - think_limit))
 
+    def fused_step(self, item: Loaded | None):
+        """The fused decode step under adapter `item` (None: the base model), or None where the module path must
+        run: other weights than packed int4, sparse feed-forward, adapters that train whole modules (LM head)."""
+        if self.fused is None or self.decode != "dense" or self.slots.trains_extra_modules:
+            return None
+        return self.fused if item is None else self.fused.with_adapter(item.peft_name)
+
     def _decode(self, cache, logits, rows: list[Row], cfg: SamplingConfig, reasoning: bool, cancel,
                 skill: Loaded | None = None, **extra) -> Iterator[TokenEvent]:
         """Decode steps run under the reasoning adapter, else the skill adapter, else the base model (through the
         fused step where it applies: not for adapters that train whole modules, such as the LM head)."""
         item = self.slots.reasoning if reasoning else skill
         adapter = functools.partial(self.slots.using, item)
-        fused = None
-        if self.fused is not None and self.decode == "dense" and not self.slots.trains_extra_modules:
-            fused = self.fused if item is None else self.fused.with_adapter(item.peft_name)
+        fused = self.fused_step(item)
         return decode_rows(self.model, cache, logits, rows, tokenizer=self.tokenizer, markers=self.markers,
                            eos_ids=self.eos_ids, cfg=cfg, generator=make_generator(cfg.seed), adapter=adapter,
                            cancel=cancel, verifier=self.verifier, fused=fused, **extra)

@@ -163,15 +163,13 @@ def rollout(engine: Engine, question: str, budget: int, args: RlArgs, seed: int)
     cache = new_cache(engine.model.config, engine.kv)
     logits, _ = engine.open_prompt(ids, "reason", cache)
     cache = fork(cache, args.group)
-    fused = engine.fused.with_adapter(engine.slots.reasoning.peft_name) if (
-        engine.fused is not None and engine.slots.reasoning is not None) else None
     cfg = SamplingConfig(temperature=args.temperature, top_p=1.0, top_k=0, repetition_penalty=1.0,
                          max_tokens=args.answer_tokens, seed=seed)
     rows = [new_row(i, engine.tokenizer, engine.markers, cfg, reasoning=True, think_limit=budget,
                     answer_limit=args.answer_tokens) for i in range(args.group)]
     for _event in decode_rows(engine.model, cache, logits.expand(args.group, -1), rows, tokenizer=engine.tokenizer,
                               markers=engine.markers, eos_ids=engine.eos_ids, cfg=cfg, generator=make_generator(seed),
-                              fused=fused):
+                              fused=engine.fused_step(engine.slots.reasoning)):
         pass
     samples = []
     for row in rows:
@@ -248,7 +246,7 @@ def setup(args: RlArgs, store: ModelStore | None = None):
                     kv="bf16", adapter_name=adapters.ADAPTER_NAME)
     if args.precision.startswith("w"):  # rollouts on the int4/int8 kernels the app serves with
         served = adapters.load_adapter(load_model(installed, weights), start)
-        engine.rollouts = Engine(served, tokenizer, model_id=args.model_id, precision=args.precision, kv="int8",
+        engine.rollouts = Engine(served, tokenizer, model_id=args.model_id, precision=args.precision, kv=weights.kv,
                                  adapter_name=adapters.ADAPTER_NAME)
     params = [p for p in model.parameters() if p.requires_grad]
     ref = [p.detach().clone() for p in params]
