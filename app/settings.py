@@ -26,6 +26,24 @@ DECODE_MEASURED = {  # `ponder bench sparse` on the embedded 0.5B (README: Effic
     "cats": (0.96, 0.153),
     "cats+caprese": (0.85, 0.167),
 }
+REASONING_MEASURED = {  # GSM8K test in Reason mode, greedy, each model's shipped adapter (README: Reasoning results):
+    # model -> {thinking budget: (accuracy, share of traces cut at the budget, questions)}
+    "qwen2.5-coder-0.5b-instruct": {256: (0.247, 0.38, 304)},
+    "qwen2.5-coder-1.5b-instruct": {256: (0.447, 0.57, 300), 512: (0.557, 0.03, 300)},
+}
+
+
+def budget_note(model_id: str) -> str:
+    """What each thinking budget measured with `model_id`'s shipped reasoning adapter; "" when nothing was."""
+    measured = REASONING_MEASURED.get(model_id)
+    if not measured:
+        return ""
+    parts = ", ".join(f"{budget} → {accuracy:.1%} ({cut:.0%} cut)"
+                      for budget, (accuracy, cut, _) in sorted(measured.items()))
+    n = max(n for _, _, n in measured.values())
+    return f"Measured with this model's shipped adapter (GSM8K test, greedy, n = {n}): {parts}."
+
+
 _DECODE_TEXT = {  # setting -> (label, what it does)
     "dense": ("Dense (every neuron; recommended)", "Every feed-forward neuron on every token: the reference, and the "
               "best trade-off on the embedded model."),

@@ -23,6 +23,7 @@ from .theme import set_text_size
 
 BUDGETS = [("128", 128), ("256", 256), ("512", 512), ("1024", 1024), ("Unlimited", None)]
 MODE_LABELS = {"auto": "Auto", "reason": "Reason", "base": "Fast"}
+BUDGET_TIP = "Thinking budget in tokens: at the budget Ponder closes the trace and answers."
 MODE_TIP = "Auto: the switcher decides whether to think. Reason: always think. Fast: answer directly."
 NO_ADAPTER = "None"
 ADAPTER_TIP = "The skill adapter that answers in this chat (trained or imported in Tools ▸ Adapters…)."
@@ -102,7 +103,7 @@ class Composer(QWidget):
         for label, value in BUDGETS:
             self.budget.addItem(label, value)
         self.budget.setCurrentIndex(1)
-        self.budget.setToolTip("Thinking budget in tokens: at the budget Ponder closes the trace and answers.")
+        self.budget.setToolTip(BUDGET_TIP)
         self.budget.setAccessibleName("Thinking budget")
         self.parallel = QSpinBox(minimum=1, maximum=8)
         self.parallel.setToolTip("Parallel answers: sample N, score them with the verifier, vote.")
@@ -178,6 +179,10 @@ class Composer(QWidget):
         self.mode.setToolTip(MODE_TIP if available or not why else f"{MODE_TIP}\n{why}")
         if not available:
             self.mode.setCurrentIndex(self.mode.findData("base"))
+
+    def set_budget_note(self, note: str) -> None:
+        """Add what the budgets measured on the loaded model (settings.budget_note) to the budget's tooltip."""
+        self.budget.setToolTip(f"{BUDGET_TIP}\n{note}" if note else BUDGET_TIP)
 
     def set_mode(self, mode: str) -> bool:
         """Select `mode` when it is available; False (mode unchanged) when it is disabled."""

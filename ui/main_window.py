@@ -22,7 +22,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.settings import AppSettings
+from app.settings import AppSettings, budget_note
 
 from .adapters_dialog import NO_REASONING, AdapterActions
 from .chat_header import ChatHeader, ShellActions  # ShellActions: the menus, header, welcome, text size
@@ -138,6 +138,9 @@ class MainWindow(QMainWindow, AdapterActions, ShellActions):
     def update_reasoning_available(self) -> None:
         ready = self.service.ready
         self.composer.set_reasoning_available(ready and self.service.can_reason, NO_REASONING if ready else "")
+        model = self.service.model_name  # the figures are the shipped adapter's: none for a library one
+        shipped = ready and self.service.can_reason and not self.settings.reasoning_adapters.get(model)
+        self.composer.set_budget_note(budget_note(model) if shipped else "")
 
     # --- settings and models --------------------------------------------------------------------------
     def open_settings(self) -> None:

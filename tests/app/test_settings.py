@@ -1,8 +1,9 @@
 """Preferences: validated, stored in the chat store, and tolerant of bad stored values."""
 import pytest
 
-from app.settings import AppSettings, from_dict, load_settings, save_settings
+from app.settings import BUDGET_CHOICES, REASONING_MEASURED, AppSettings, budget_note, from_dict, load_settings, save_settings
 from core.store import ChatStore
+from models.registry import KNOWN_MODELS
 
 
 def test_saved_settings_come_back(tmp_path):
@@ -51,3 +52,12 @@ def test_reasoning_adapters_per_model_are_validated_and_bad_entries_dropped(tmp_
     store = ChatStore(tmp_path / "chats.db")
     save_settings(store, s)
     assert load_settings(ChatStore(tmp_path / "chats.db")).reasoning_adapters == s.reasoning_adapters
+
+
+def test_budget_notes_name_known_models_and_offered_budgets():
+    for model_id, measured in REASONING_MEASURED.items():
+        assert model_id in KNOWN_MODELS and measured
+        for budget, (accuracy, cut, n) in measured.items():
+            assert budget in BUDGET_CHOICES and 0 <= accuracy <= 1 and 0 <= cut <= 1 and n >= 300
+            assert f"{budget} → {accuracy:.1%} ({cut:.0%} cut)" in budget_note(model_id)
+    assert budget_note("tiny") == ""

@@ -1,13 +1,17 @@
 """The window on the real tiny engine (with a random reasoning adapter) and a real chat store, offscreen."""
+from dataclasses import replace
+
 import pytest
 
 from app.chat_controller import ChatController
 from app.engine_service import EngineService
+from app.settings import budget_note
 from core import adapters
 from core.engine import Engine
 from core.store import ChatStore
 from tests.qt_helpers import run_until
 from tests.tiny import make_model, make_tokenizer
+from ui.composer import BUDGET_TIP
 from ui.main_window import MainWindow
 
 
@@ -198,3 +202,27 @@ def test_settings_dialog_explains_the_decode_choice(qtbot, tmp_path):
     for mode in ("griffin", "griffin+caprese", "cats"):  # each choice shows its measured speed and accuracy
         assert "× dense decode speed" in DECODE_CHOICES[mode][1] and "GSM8K" in DECODE_CHOICES[mode][1]
     assert "recommended" in dialog.decode.itemText(dialog.decode.findData("dense"))
+
+
+def test_budget_tooltip_shows_the_shipped_adapters_measured_budgets(qtbot, loop, tmp_path):
+    model_id = "qwen2.5-coder-1.5b-instruct"  # the tiny engine under a shipped model's name
+    engine = Engine(adapters.attach_new(make_model(448), rank=4).eval(), make_tokenizer(), model_id=model_id,
+                    context=512, adapter_name="reasoning")
+    service = EngineService(engine=engine)
+    win = MainWindow(service, ChatController(service, ChatStore(tmp_path / "chats.db", flush_s=0.05)))
+    qtbot.addWidget(win)
+    loop.run_until_complete(service.start())
+    try:
+        win.update_reasoning_available()
+        assert win.composer.budget.toolTip() == f"{BUDGET_TIP}\n{budget_note(model_id)}"
+        assert "256 → 44.7%" in win.composer.budget.toolTip()
+        win.settings = replace(win.settings, reasoning_adapters={model_id: "my-own"})
+        win.update_reasoning_available()  # a library adapter: the shipped one's figures do not apply
+        assert win.composer.budget.toolTip() == BUDGET_TIP
+    finally:
+        service.shutdown()
+
+
+def test_budget_tooltip_is_plain_for_a_model_without_measurements(window):
+    window.update_reasoning_available()
+    assert window.composer.budget.toolTip() == BUDGET_TIP
