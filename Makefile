@@ -6,9 +6,12 @@ STAMP := $(VENV)/.ponder-installed
 
 .PHONY: run test install model bench lint clean dist
 
-$(STAMP): pyproject.toml models/_int4.c core/_decode_ops.c
+$(STAMP): pyproject.toml models/_int4.c models/_gptq.c core/_decode_ops.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	@# torch's CPU build (no CUDA libraries: ~2.5 GB less to download) where its index answers; else the plain pin
+	-$(BIN)/python -m pip install --quiet --no-deps --timeout 10 --retries 0 \
+		--index-url https://download.pytorch.org/whl/cpu torch==2.13.0
 	$(BIN)/python -m pip install --quiet torch==2.13.0
 	$(BIN)/python -m pip install --quiet -e '.[embedded,test]'
 	touch $(STAMP)
@@ -19,7 +22,9 @@ install: $(STAMP)
 model: $(STAMP)
 	$(BIN)/ponder setup
 
-run: model
+# The window sets up the model itself at first launch (the one this machine runs well: core/machine_fit.py),
+# showing download, conversion and preparation as they happen; a question typed meanwhile waits for it.
+run: $(STAMP)
 	$(BIN)/ponder
 
 test: model

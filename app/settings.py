@@ -10,11 +10,12 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 from core.config import DECODE_MODES, SamplingConfig
 from models.errors import InvalidModelId
-from models.registry import DEFAULT_MODEL_ID, validate_model_id
+from models.registry import DEFAULT_MODEL_ID, default_budget, validate_model_id
 
 MODES = ("auto", "reason", "base")
 THEMES = ("system", "light", "dark")
-BUDGET_CHOICES = (128, 256, 512, 1024, None)
+BUDGET_CHOICES = (0, 128, 256, 512, 1024, None)
+"""0: the loaded model's own default budget (models.registry.default_budget, chosen on dev)."""
 FONT_SIZES = (8, 32)
 """Smallest and largest transcript/composer font size, in points."""
 SETTINGS_KEY = "app_settings"
@@ -31,6 +32,11 @@ REASONING_MEASURED = {  # GSM8K test in Reason mode, greedy, each model's shippe
     "qwen2.5-coder-0.5b-instruct": {256: (0.247, 0.38, 304)},
     "qwen2.5-coder-1.5b-instruct": {256: (0.447, 0.57, 300), 512: (0.557, 0.03, 300)},
 }
+
+
+def composer_budget(settings: AppSettings, model_id: str) -> int | None:
+    """The budget a new message starts with on `model_id`: the preference, or the model's own when it is 0."""
+    return default_budget(model_id) if settings.budget == 0 else settings.budget
 
 
 def budget_note(model_id: str) -> str:
@@ -78,8 +84,8 @@ DECODE_CHOICES = {mode: (label, decode_note(mode)) for mode, (label, _) in _DECO
 class AppSettings:
     mode: str = "auto"
     """Reasoning mode a new message starts with: auto (the switcher decides), reason or base ("Fast")."""
-    budget: int | None = 256
-    """Default thinking budget in tokens (None = unlimited)."""
+    budget: int | None = 0
+    """Default thinking budget in tokens (None = unlimited, 0 = the loaded model's own, chosen on dev)."""
     parallel: int = 1
     """Default number of parallel answers (1-8)."""
     temperature: float = 0.3

@@ -100,7 +100,8 @@ def load_model(model: InstalledModel, cfg: EngineConfig, progress: Progress | No
     plain = load_plain(model.hf_dir, torch.bfloat16)
     if cfg.precision == "w4-fpt":
         qmodel = quantize_w4_fpt(plain, calibration_batches(model.hf_dir), cfg.head_bits, cfg.group_size,
-                                 report=progress and (lambda done, total: progress("quantize", done, total)))
+                                 report=progress and (lambda done, total: progress("quantize", done, total)),
+                                 spec=shipped_fpt_spec(model))
     else:
         qmodel = quantize_model(plain, bits, cfg.head_bits, cfg.group_size)
     with AtomicDir(qdir) as tmp:
@@ -108,6 +109,37 @@ def load_model(model: InstalledModel, cfg: EngineConfig, progress: Progress | No
     if progress:
         progress("quantize", 1, 1)
     return qmodel
+
+
+def source_sha256(model: InstalledModel) -> str | None:
+    """The sha256 of the file the installed weights were converted from (a pinned GGUF), if the store knows it."""
+    import json
+
+    try:
+        return json.loads((model.folder / "manifest.json").read_text()).get("gguf_sha256")
+    except (OSError, ValueError):
+        return None
+
+
+def shipped_fpt_spec(model: InstalledModel):
+    """The FPTQuant° transforms fitted once for exactly these base weights and shipped in resources/fpt/<id>/
+    (provenance in its `provenance.json`); None where the weights are others, so they are calibrated here."""
+    import json
+
+    from models.fpt import FptSpec
+
+    folder = resource_dir() / "fpt" / model.id
+    try:
+        pinned = json.loads((folder / "provenance.json").read_text())["base_sha256"]
+    except (OSError, ValueError, KeyError):
+        return None
+    if pinned != source_sha256(model):
+        return None
+    try:
+        return FptSpec.load(folder)
+    except Exception as err:  # a damaged resource: calibrate instead, never fatal
+        log.warning("shipped FPTQuant spec in %s unreadable (%s); calibrating instead", folder, err)
+        return None
 
 
 CALIBRATION_FILE = "fpt_calibration.jsonl"

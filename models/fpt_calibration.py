@@ -154,21 +154,27 @@ def calibrate(model: nn.Module, batches: list[torch.Tensor], group: int = 128, r
 
 
 def quantize_w4_fpt(model: nn.Module, batches: list[torch.Tensor], head_bits: int = 4, group: int = 128,
-                    rotate: bool = False, report=None) -> nn.Module:
-    """`w4-fpt`: calibrate the transforms on `model` (bf16, untransformed), merge them in float32, round every int4
-    layer by GPTQ on the transformed weights, and pack (returns the quantized model, its spec attached).
-    `report(done, total)` follows the steps (calibration, then one per GPTQ input site)."""
-    from .gptq import gptq_round, set_int4
+                    rotate: bool = False, report=None, spec: FptSpec | None = None) -> nn.Module:
+    """`w4-fpt`: merge the transforms into `model` (bf16, untransformed) in float32, round every int4 layer by GPTQ
+    on the transformed weights, and pack (returns the quantized model, its spec attached). `spec`: the transforms
+    fitted once for this model and shipped (none: calibrate them here first, a further pass over the texts).
+    `report(done, total)` follows the steps (calibration if any, then one per decoder layer and the LM head)."""
+    from .gptq import codes_fingerprint, gptq_layers, set_int4
     from .quantization import packs_int4, quantize_model
 
-    spec = calibrate(model, batches, group=group, rotate=rotate)
-    if report:
-        report(1, 2)
-    apply_fpt(model.float(), spec)
+    first = 0
+    model.float()  # float32 from here on: the merge needs it, and most CPUs multiply float32 faster than bf16
+    if spec is None:
+        spec = calibrate(model, batches, group=group, rotate=rotate)
+        first = 1
+    apply_fpt(model, spec)
     names = [name for name, m in model.named_modules() if isinstance(m, nn.Linear) and packs_int4(m, group)
              and (name != "lm_head" or head_bits == 4)]
-    codes = gptq_round(model, batches, names, group, report and (lambda d, t: report(1 + d, t + 2)))
+    if report and first:
+        report(1, len(model.model.layers) + 3)
+    codes = gptq_layers(model, batches, names, group, report and (lambda d, t: report(first + d, first + t + 1)))
     quantized = quantize_model(model, 4, head_bits, group)
     for name, (q, scale, zero) in codes.items():
         set_int4(quantized.get_submodule(name), q, scale, zero)
+    quantized.ponder_codes = codes_fingerprint(codes)
     return quantized

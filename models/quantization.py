@@ -144,7 +144,8 @@ def save_quantized(model: nn.Module, folder: Path, bits: int, head_bits: int | N
     (folder / QUANT_FILE).write_text(json.dumps({"bits": bits, "head_bits": head_bits, "backend": "optimum-quanto",
                                                  "method": "w4-fpt" if spec is not None else f"w{bits}",
                                                  "format": FORMAT, "torch": torch.__version__,
-                                                 "cpu_capability": cpu_capability(), "group_size": group_size}))
+                                                 "cpu_capability": cpu_capability(), "group_size": group_size,
+                                                 "codes_sha256": getattr(model, "ponder_codes", None)}))
     model.config.save_pretrained(folder)
 
 

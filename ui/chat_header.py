@@ -264,6 +264,19 @@ class ShellActions:
                 models = []
         self.header.set_models(models, running)
 
+    def on_model_chosen(self, model_id: str, reason: str) -> None:
+        """First launch: remember the model chosen for this machine and say which one and why, in the status bar
+        while it is set up and once it is ready; the picker and Tools ▸ Models change it."""
+        from dataclasses import replace
+
+        self.settings = replace(self.settings, model_id=model_id)
+        self.controller.save_settings(self.settings)
+        if self.model_service is not None:
+            self.model_service.active_id = model_id
+        self.chosen_note = f"Chosen for this computer: {reason} Change it with the model picker or Tools ▸ Models."
+        self.status.setText(self.chosen_note)
+        self.header.set_loading(True, "Setting up the model…")
+
     def choose_model(self, model_id: str) -> None:
         name = self.header.models.currentText() or model_id
         self.header.set_loading(True, f"Loading {name}…")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import re
+import time
 from dataclasses import replace
 
 from PySide6.QtCore import QByteArray, QTimer
@@ -22,7 +23,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.settings import AppSettings, budget_note
+from app.settings import AppSettings, budget_note, composer_budget
 
 from .adapters_dialog import NO_REASONING, AdapterActions
 from .chat_header import ChatHeader, ShellActions  # ShellActions: the menus, header, welcome, text size
@@ -36,6 +37,14 @@ from .theme import apply_theme
 from .welcome import Welcome
 
 RENDER_INTERVAL_MS = 50
+
+
+def eta(elapsed: float, done: int, left: int) -> str:
+    """' — about N s left' at the stage's rate so far, once it has measured something (else '')."""
+    if done <= 0 or left <= 0 or elapsed < 1:
+        return ""
+    seconds = elapsed / done * left
+    return f" — about {seconds / 60:.0f} min left" if seconds >= 90 else f" — about {max(1, round(seconds))} s left"
 class MainWindow(QMainWindow, AdapterActions, ShellActions):
     def __init__(self, service, controller, model_service=None, parent=None):
         super().__init__(parent)
@@ -47,6 +56,10 @@ class MainWindow(QMainWindow, AdapterActions, ShellActions):
         self._offered_gguf = False
         self._loading = False
         self._pending_question: str | None = None
+        self.chosen_note = ""
+        self._stage: tuple[str, float, int] = ("", 0.0, 0)
+        """The stage in progress: its name, when it started and where it started (for the time left)."""
+        """First launch: which model was chosen for this computer and why (core.machine_fit)."""
         """Asked while the model was still loading: sent as soon as it is ready."""
         self._tasks: set[asyncio.Task] = set()
         self.setWindowTitle("Ponder")
@@ -103,6 +116,7 @@ class MainWindow(QMainWindow, AdapterActions, ShellActions):
         c.notice.connect(lambda text: show_info(self, "Ponder", text))
         c.conversationOpened.connect(self.refresh_adapters)
         s.adaptersChanged.connect(self.on_adapters_changed)
+        s.modelChosen.connect(self.on_model_chosen)
         self.composer.adapterChosen.connect(self.choose_skill)
         self.sidebar.newRequested.connect(self.new_chat)
         self.sidebar.selected.connect(c.open)
@@ -132,7 +146,7 @@ class MainWindow(QMainWindow, AdapterActions, ShellActions):
 
     def apply_composer_defaults(self) -> None:
         s = self.settings
-        self.composer.apply(s.mode, s.budget, s.parallel)
+        self.composer.apply(s.mode, composer_budget(s, self.service.model_name), s.parallel)
         self.update_reasoning_available()
 
     def update_reasoning_available(self) -> None:
@@ -248,7 +262,7 @@ class MainWindow(QMainWindow, AdapterActions, ShellActions):
         text = {"loading": "Loading model…", "ready": f"Ready — {self.service.model_name}",
                 "error": "The model failed to load"}
         self._loading = state == "loading"
-        self.status.setText(text.get(state, state))
+        self.status.setText(" ".join(filter(None, (text.get(state, state) + ".", self.chosen_note))))
         self.header.set_loading(self._loading, "Loading…" if self._loading else "")
         if state == "ready":
             self.refresh_models()
@@ -269,7 +283,11 @@ class MainWindow(QMainWindow, AdapterActions, ShellActions):
 
     def on_progress(self, stage: str, done: int, total: int) -> None:
         self.progress_bar.setVisible(True)
-        self.progress_bar.setFormat(f"{STAGES.get(stage, stage)} %p%")
+        now = time.monotonic()
+        if stage != self._stage[0] or done < self._stage[2]:
+            self._stage = (stage, now, done)
+        left = eta(now - self._stage[1], done - self._stage[2], total - done)
+        self.progress_bar.setFormat(f"{STAGES.get(stage, stage)} %p%{left}")
         self.progress_bar.setRange(0, 1000)
         self.progress_bar.setValue(int(1000 * done / total) if total else 0)
 

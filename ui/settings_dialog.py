@@ -52,7 +52,7 @@ class SettingsDialog(QDialog):
         self.setWindowTitle("Settings")
         self.data_dir = Path(data_dir)
         self.mode = _combo(MODE_LABELS)
-        self.budget = _combo({value: label for label, value in BUDGETS})
+        self.budget = _combo({0: "The model's own (0.5B: 256, 1.5B: 512)", **{value: label for label, value in BUDGETS}})
         self.parallel = QSpinBox(minimum=1, maximum=8)
         self.temperature = _double(0, 2, 0.05)
         self.parallel_temperature = _double(0, 2, 0.05)

@@ -61,3 +61,17 @@ def test_budget_notes_name_known_models_and_offered_budgets():
             assert budget in BUDGET_CHOICES and 0 <= accuracy <= 1 and 0 <= cut <= 1 and n >= 300
             assert f"{budget} → {accuracy:.1%} ({cut:.0%} cut)" in budget_note(model_id)
     assert budget_note("tiny") == ""
+
+
+def test_a_new_message_starts_at_the_models_own_budget_unless_one_is_preferred():
+    from app.settings import composer_budget
+
+    fresh = AppSettings()
+    assert fresh.budget == 0
+    assert composer_budget(fresh, "qwen2.5-coder-1.5b-instruct") == 512  # chosen on dev
+    assert composer_budget(fresh, "qwen2.5-coder-0.5b-instruct") == 256
+    assert composer_budget(fresh, "an-imported-model") == 256
+    assert composer_budget(AppSettings(budget=128), "qwen2.5-coder-1.5b-instruct") == 128
+    assert composer_budget(AppSettings(budget=None), "qwen2.5-coder-1.5b-instruct") is None
+    for spec in KNOWN_MODELS.values():
+        assert spec.budget in BUDGET_CHOICES  # the composer offers it

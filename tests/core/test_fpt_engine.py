@@ -85,3 +85,45 @@ def test_quantize_command_prepares_w4_fpt(tiny_store, capsys):
     with pytest.raises(SystemExit) as refused:  # not a group size the kernel takes: a usage error
         run_cli(["quantize", "--model", "tiny-qwen2", "--method", "w4", "--group", "512"])
     assert refused.value.code == 2
+
+
+def test_a_shipped_spec_is_used_only_for_the_weights_it_was_fitted_on(tiny_store, tmp_path, monkeypatch):
+    """resources/fpt/<id>/ is pinned to the source file's sha256: matching weights merge it instead of calibrating
+    (the first launch's saving), other weights are calibrated here as before."""
+    from core import loading
+    from models import fpt_calibration
+
+    m = tiny_store.get("tiny-qwen2")
+    manifest = json.loads((m.folder / "manifest.json").read_text())
+    (m.folder / "manifest.json").write_text(json.dumps({**manifest, "gguf_sha256": "ab" * 32}))
+    spec = random_spec(load_plain(m.hf_dir, torch.bfloat16).config)
+    folder = tmp_path / "fpt" / "tiny-qwen2"
+    folder.mkdir(parents=True)
+    spec.save(folder)
+    (folder / "provenance.json").write_text(json.dumps({"base_sha256": "ab" * 32}))
+    (tmp_path / "calibration").symlink_to(loading.resource_dir() / "calibration")
+    monkeypatch.setattr(loading, "resource_dir", lambda: tmp_path)
+    calibrated = []
+    real = fpt_calibration.calibrate
+    monkeypatch.setattr(fpt_calibration, "calibrate", lambda *a, **k: calibrated.append(1) or real(*a, **k))
+    model = load_model(m, EngineConfig(model_id="tiny-qwen2", precision="w4-fpt"))
+    assert calibrated == [] and torch.equal(model.ponder_fpt.mlp_scale[0], spec.mlp_scale[0])
+    info = json.loads((quantized_dir(m, "w4-fpt", 4) / "ponder_quant.json").read_text())
+    assert len(info["codes_sha256"]) == 64
+    (folder / "provenance.json").write_text(json.dumps({"base_sha256": "cd" * 32}))  # other weights
+    assert loading.shipped_fpt_spec(m) is None
+    load_model(m, EngineConfig(model_id="tiny-qwen2", precision="w4-fpt"), rebuild=True)
+    assert calibrated == [1]
+
+
+def test_codes_fingerprint_names_the_exact_codes():
+    from models.gptq import codes_fingerprint
+
+    q = torch.randint(0, 16, (8, 32), dtype=torch.int32)
+    s, z = torch.rand(8, 1).to(torch.bfloat16), torch.rand(8, 1).to(torch.bfloat16)
+    base = codes_fingerprint({"a": (q, s, z)})
+    assert codes_fingerprint({"a": (q.clone(), s.clone(), z.clone())}) == base
+    q2 = q.clone()
+    q2[3, 7] = (q2[3, 7] + 1) % 16
+    assert codes_fingerprint({"a": (q2, s, z)}) != base
+    assert codes_fingerprint({"b": (q, s, z)}) != base

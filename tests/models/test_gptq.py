@@ -2,7 +2,7 @@
 packed int4 layer are what its kernel computes with."""
 import torch
 
-from models.gptq import dequantize, gptq_int4, gptq_round, set_int4
+from models.gptq import add_gram, dequantize, gptq_int4, gptq_layers, inverse_cholesky, set_int4
 from models.quantization import dense_weight, quantize_model
 from tests.tiny import make_model
 
@@ -37,12 +37,94 @@ def test_codes_written_into_a_packed_layer_are_what_it_computes():
     assert torch.equal(dense_weight(layer).float(), dequantize(codes, scale, zero, 64).to(torch.bfloat16).float())
 
 
-def test_gptq_round_covers_every_named_layer_sharing_hessians():
+def test_inverse_cholesky_is_the_upper_factor_of_the_inverse():
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(300, 96, generator=gen, dtype=torch.float64)
+    h = x.t() @ x + torch.eye(96, dtype=torch.float64)
+    u = inverse_cholesky(h)
+    assert torch.equal(u, u.triu())
+    assert torch.allclose(u, torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True),
+                          atol=1e-10)
+
+
+def test_blocked_gram_equals_the_full_product(monkeypatch):
+    import models.gptq as gptq
+
+    monkeypatch.setattr(gptq, "GRAM_BLOCK", 48)  # 200 columns: blocks of 48, 48, 48, 48, 8
+    x = torch.randn(64, 200)
+    acc = torch.ones(200, 200)
+    add_gram(acc, x)
+    assert torch.allclose(acc, 1 + x.t() @ x, atol=1e-4)
+
+
+def reference_hessians(model, batches, names):
+    """XᵀX of each named linear's inputs from one full-model forward per batch (how GPTQ was calibrated before)."""
+    modules = dict(model.named_modules())
+    acc = {n: torch.zeros(modules[n].in_features, modules[n].in_features, dtype=torch.float64) for n in names}
+
+    def hook(module, args, output, name):
+        x = args[0].reshape(-1, args[0].shape[-1]).double()
+        acc[name].add_(x.t() @ x)
+
+    hooks = [modules[n].register_forward_hook(lambda m, a, o, n=n: hook(m, a, o, n)) for n in names]
+    with torch.no_grad():
+        for ids in batches:
+            model(input_ids=ids.view(1, -1), use_cache=False)
+    for h in hooks:
+        h.remove()
+    return acc
+
+
+def test_layer_by_layer_calibration_sees_the_full_forward_inputs(monkeypatch):
+    """gptq_layers runs the decoder a layer at a time (no logits); each linear must be rounded on the Hessian a
+    full forward gives, and the layers reading one input share it (q/k/v, gate/up)."""
+    import models.gptq as gptq
+
     model = make_model(448).float()
-    names = ["model.layers.0.mlp.down_proj", "model.layers.1.self_attn.q_proj", "model.layers.1.self_attn.k_proj"]
-    out = gptq_round(model, [torch.randint(5, 440, (32,)) for _ in range(3)], names, 32)
+    batches = [torch.randint(5, 440, (n,)) for n in (32, 20, 41)]
+    names = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and m.in_features % 32 == 0]
+    seen = {}
+    real = gptq.gptq_int4
+
+    def spy(w, hessian, group):
+        seen[w.shape[0], hessian.shape[0], len(seen)] = hessian.clone()
+        return real(w, hessian, group)
+
+    monkeypatch.setattr(gptq, "gptq_int4", spy)
+    steps = []
+    out = gptq_layers(model, batches, names, 32, lambda d, t: steps.append((d, t)))
     assert set(out) == set(names)
+    layers = model.config.num_hidden_layers
+    assert steps == [(i + 1, layers + 1) for i in range(layers + 1)]
+    ref = reference_hessians(model, batches, names)
+    sites = [n for n in names if not n.endswith(("k_proj", "v_proj", "up_proj"))]
+    assert len(seen) == len(sites)
+    for (_, _, i), hessian in seen.items():
+        expected = ref[sites[i]]
+        assert torch.allclose(hessian.double(), expected, rtol=1e-4, atol=1e-3 * expected.abs().max().item())
     for name, (codes, scale, zero) in out.items():
-        assert zero.shape == scale.shape
         w = model.get_submodule(name).weight
-        assert codes.shape == w.shape and scale.shape == (w.shape[0], w.shape[1] // 32)
+        assert codes.shape == w.shape and scale.shape == zero.shape == (w.shape[0], w.shape[1] // 32)
+
+
+def test_the_c_column_loop_rounds_as_the_python_one(monkeypatch):
+    """models/_gptq.c runs GPTQ's column loop; the tensor-op loop is the fallback without a compiler. Both take
+    the same steps in float32, so they agree code for code but where a float sum lands on a rounding tie."""
+    import shutil
+
+    import models.gptq as gptq
+
+    if gptq._gptq is None:
+        assert shutil.which("gcc") is None and shutil.which("cc") is None, "a compiler is here: build models._gptq"
+        return
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(700, 384, generator=gen) * torch.linspace(0.1, 2, 384)
+    w = torch.randn(300, 384, generator=gen)
+    fast = gptq_int4(w, x.t() @ x, 128)
+    monkeypatch.setattr(gptq, "_gptq", None)
+    slow = gptq_int4(w, x.t() @ x, 128)
+    assert torch.equal(fast[1], slow[1]) and torch.equal(fast[2], slow[2])  # the first group's grid: no feedback yet
+    assert (fast[0] == slow[0]).float().mean() > 0.999
+    ref = x @ w.t()
+    errs = [(x @ dequantize(*out, 128).t() - ref).pow(2).sum() for out in (fast, slow)]
+    assert abs(errs[0] - errs[1]) < 0.01 * errs[1]
