@@ -154,10 +154,12 @@ def calibrate(model: nn.Module, batches: list[torch.Tensor], group: int = 128, r
 
 
 def quantize_w4_fpt(model: nn.Module, batches: list[torch.Tensor], head_bits: int = 4, group: int = 128,
-                    rotate: bool = False, report=None, spec: FptSpec | None = None) -> nn.Module:
+                    rotate: bool = False, report=None, spec: FptSpec | None = None,
+                    gptq_tokens: int | None = None) -> nn.Module:
     """`w4-fpt`: merge the transforms into `model` (bf16, untransformed) in float32, round every int4 layer by GPTQ
     on the transformed weights, and pack (returns the quantized model, its spec attached). `spec`: the transforms
     fitted once for this model and shipped (none: calibrate them here first, a further pass over the texts).
+    `gptq_tokens`: GPTQ's Hessians see each text's first this many tokens (None: all of each batch).
     `report(done, total)` follows the steps (calibration if any, then one per decoder layer and the LM head)."""
     from .gptq import codes_fingerprint, gptq_layers, set_int4
     from .quantization import packs_int4, quantize_model
@@ -172,7 +174,9 @@ def quantize_w4_fpt(model: nn.Module, batches: list[torch.Tensor], head_bits: in
              and (name != "lm_head" or head_bits == 4)]
     if report and first:
         report(1, len(model.model.layers) + 3)
-    codes = gptq_layers(model, batches, names, group, report and (lambda d, t: report(first + d, first + t + 1)))
+    gptq_batches = [b[:gptq_tokens] for b in batches] if gptq_tokens else batches
+    codes = gptq_layers(model, gptq_batches, names, group,
+                        report and (lambda d, t: report(first + d, first + t + 1)))
     quantized = quantize_model(model, 4, head_bits, group)
     for name, (q, scale, zero) in codes.items():
         set_int4(quantized.get_submodule(name), q, scale, zero)

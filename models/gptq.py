@@ -93,11 +93,14 @@ def _round_rows(wt: torch.Tensor, hinv: torch.Tensor, diag: torch.Tensor, group:
     for g, i1 in enumerate(range(0, k, group)):
         i2 = i1 + group
         block, h = wt[i1:i2], hinv[i1:i2, i1:i2]
-        scale, zero = _grid(block.t(), diag[i1:i2])
+        if _gptq is not None:
+            scale, zero, importance = torch.empty(rows), torch.empty(rows), diag[i1:i2].contiguous()
+            _gptq.group_grid(block.data_ptr(), importance.data_ptr(), scale.data_ptr(), zero.data_ptr(), rows, group)
+        else:
+            scale, zero = _grid(block.t(), diag[i1:i2])
         scales[:, g], zeros[:, g] = scale, zero
         if _gptq is not None:
             h = h.contiguous()
-            scale, zero = scale.contiguous(), zero.contiguous()
             out = codes[i1:i2]
             _gptq.group_columns(block.data_ptr(), h.data_ptr(), scale.data_ptr(), zero.data_ptr(), out.data_ptr(),
                                 errors.data_ptr(), rows, group)
@@ -199,6 +202,13 @@ def _round_site(modules: dict[str, nn.Module], names: list[str], hessian: torch.
         start = end
 
 
+def _keep(inputs: dict, filled: dict, site: str, x: torch.Tensor) -> None:
+    """Copy a site's input rows into its buffer: one Gram product over all tokens afterwards beats one per batch."""
+    x = x.reshape(-1, x.shape[-1])
+    inputs[site][filled[site]:filled[site] + x.shape[0]].copy_(x)
+    filled[site] += x.shape[0]
+
+
 class _Stop(Exception):
     pass
 
@@ -245,13 +255,9 @@ def gptq_layers(model: nn.Module, batches: list[torch.Tensor], names: list[str],
         inputs = {site: torch.empty(tokens, modules[site].in_features) for site in mine}
         filled = dict.fromkeys(mine, 0)
 
-        def keep(site, x):  # one Gram product over all tokens afterwards beats one per batch
-            x = x.reshape(-1, x.shape[-1])
-            inputs[site][filled[site]:filled[site] + x.shape[0]].copy_(x)
-            filled[site] += x.shape[0]
-
-        hooks = [modules[site].register_forward_hook(lambda mod, args, output, site=site: keep(site, args[0]))
-                 for site in mine]
+        hooks = [modules[site].register_forward_hook(
+            lambda mod, args, output, site=site, inputs=inputs, filled=filled: _keep(inputs, filled, site, args[0]))
+            for site in mine]
         try:
             for i, (args, kwargs) in enumerate(calls):
                 hidden = layer(*args, **kwargs)

@@ -53,3 +53,20 @@ def test_import_bad_file_is_a_clear_error(ponder_home, tmp_path):
     bad.write_bytes(b"hello")
     out = ponder("models", "import", str(bad), home=ponder_home)
     assert out.returncode == 1 and "not a valid GGUF" in out.stderr
+
+
+def test_setup_reports_how_long_each_stage_took():
+    import time
+
+    from app.progress import TerminalProgress
+
+    bar = TerminalProgress()
+    bar("convert", 0, 2)
+    time.sleep(0.06)
+    bar("convert", 1, 2)
+    time.sleep(0.06)
+    bar("quantize", 0, 3)
+    time.sleep(0.03)
+    bar.close()
+    assert list(bar.seconds) == ["convert", "quantize"]
+    assert 0.11 <= bar.seconds["convert"] < 0.5 and 0.025 <= bar.seconds["quantize"] < 0.3
