@@ -85,10 +85,17 @@ def test_a_skill_adapter_answers_on_the_base_prompt_cache(folders):
     assert skilled.token_ids != base.token_ids
     assert again.token_ids == base.token_ids and torch.equal(torch.stack(again_logits), torch.stack(base_logits))
     assert engine.adapter_names() == {"reasoning": None, "skills": ["sql"]}
+    alone = engine.generate_batch(["Tell me about cats."], GREEDY, skill="sql")
+    assert alone[0].adapter == "sql" and alone[0].token_ids == skilled.token_ids  # one row: the same steps
+    # With rows beside it, torch's bf16 matrix products can round a row differently where the CPU lacks
+    # AVX512-BF16 (an Intel Xeon here: the 4th token of 12 flipped on this random tiny model), so a batch row is
+    # held to the skill's own first tokens, which the base model does not choose.
     batch = engine.generate_batch(["Tell me about cats.", "Hi"], GREEDY, skill="sql")
-    assert [a.adapter for a in batch] == ["sql", "sql"] and batch[0].token_ids == skilled.token_ids
+    assert [a.adapter for a in batch] == ["sql", "sql"]
+    assert batch[0].token_ids[:3] == skilled.token_ids[:3] and skilled.token_ids[:3] != base.token_ids[:3]
     par = collect(engine.parallel("Tell me about cats.", GREEDY, n=2, mode="base", skill="sql"))
-    assert par.adapter == "sql" and {c.text for c in par.candidates} == {skilled.text}
+    assert par.adapter == "sql" and len({c.text for c in par.candidates}) == 1  # two greedy rows of one prompt
+    assert par.candidates[0].text.startswith(engine.tokenizer.decode(list(skilled.token_ids[:3])))
 
 
 def test_a_zero_lora_gives_exactly_the_base_output(folders):
