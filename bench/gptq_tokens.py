@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 
 import torch
 
 from bench.machine import cpu_name
 from bench.quant import RESULTS, held_rows
+from bench.quant_fidelity import compare
 from core.loading import calibration_batches, load_plain, load_tokenizer, set_threads, shipped_fpt_spec
 from core.model_store import ModelStore
 from models.fpt import apply_fpt
@@ -37,15 +37,8 @@ def log_probs(model, rows) -> list[torch.Tensor]:
 
 
 def distance(ref, got, rows) -> dict:
-    agree = total = 0
-    kl = nll = 0.0
-    for r, g, (ids, start) in zip(ref, got, rows, strict=True):
-        targets = torch.tensor(ids[start + 1:])
-        agree += int((r.argmax(-1) == g.argmax(-1)).sum())
-        total += len(targets)
-        kl += float((r.exp() * (r - g)).sum())
-        nll -= float(g.gather(1, targets.view(-1, 1)).sum())
-    return {"kl": kl / total, "top1": agree / total, "ppl": math.exp(nll / total), "held_tokens": total}
+    d = compare(ref, got, rows)
+    return {"kl": d["mean_kl_nats"], "top1": d["top1_agreement"], "ppl": d["perplexity"], "held_tokens": d["tokens"]}
 
 
 def main(argv=None) -> int:

@@ -41,6 +41,30 @@ static void group_columns(float* block, const float* h, const float* scale, cons
     }
 }
 
+// Reads `nptr` addresses (ints) and then rows and group; -1 with an exception set when they are not as expected.
+static int read_args(PyObject* const* args, Py_ssize_t nargs, int nptr, void** ptr, long* rows, long* group,
+                     const char* usage) {
+    if (nargs != nptr + 2) {
+        PyErr_SetString(PyExc_TypeError, usage);
+        return -1;
+    }
+    for (int i = 0; i < nptr; i++) {
+        ptr[i] = PyLong_AsVoidPtr(args[i]);
+        if (ptr[i] == NULL) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "gptq: null address");
+            return -1;
+        }
+    }
+    *rows = PyLong_AsLong(args[nptr]);
+    *group = PyLong_AsLong(args[nptr + 1]);
+    if (PyErr_Occurred()) return -1;
+    if (*rows < 1 || *group < 1 || *group > 4096) {
+        PyErr_SetString(PyExc_ValueError, "gptq: shape outside its range");
+        return -1;
+    }
+    return 0;
+}
+
 static inline float bf16_round(float x) {  // to the nearest bfloat16, ties to even (as torch's .to(bfloat16))
     uint32_t u;
     memcpy(&u, &x, sizeof u);
@@ -107,24 +131,10 @@ static void group_grid(const float* block, const float* importance, float* scale
 // scale and zero [rows] are written.
 static PyObject* py_group_grid(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "group_grid takes block, importance, scale, zero, rows, group");
-        return NULL;
-    }
     void* ptr[4];
-    for (int i = 0; i < 4; i++) {
-        ptr[i] = PyLong_AsVoidPtr(args[i]);
-        if (ptr[i] == NULL) {
-            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "group_grid: null address");
-            return NULL;
-        }
-    }
-    const long rows = PyLong_AsLong(args[4]), group = PyLong_AsLong(args[5]);
-    if (PyErr_Occurred()) return NULL;
-    if (rows < 1 || group < 1 || group > 4096) {
-        PyErr_SetString(PyExc_ValueError, "group_grid: shape outside its range");
+    long rows, group;
+    if (read_args(args, nargs, 4, ptr, &rows, &group, "group_grid takes block, importance, scale, zero, rows, group") < 0)
         return NULL;
-    }
     Py_BEGIN_ALLOW_THREADS
     group_grid((const float*)ptr[0], (const float*)ptr[1], (float*)ptr[2], (float*)ptr[3], (int)rows, (int)group);
     Py_END_ALLOW_THREADS
@@ -135,24 +145,11 @@ static PyObject* py_group_grid(PyObject* self, PyObject* const* args, Py_ssize_t
 // (codes int32); block is updated in place, codes and err [group, rows] are written.
 static PyObject* py_group_columns(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 8) {
-        PyErr_SetString(PyExc_TypeError, "group_columns takes block, h, scale, zero, codes, err, rows, group");
-        return NULL;
-    }
     void* ptr[6];
-    for (int i = 0; i < 6; i++) {
-        ptr[i] = PyLong_AsVoidPtr(args[i]);
-        if (ptr[i] == NULL) {
-            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "group_columns: null address");
-            return NULL;
-        }
-    }
-    const long rows = PyLong_AsLong(args[6]), group = PyLong_AsLong(args[7]);
-    if (PyErr_Occurred()) return NULL;
-    if (rows < 1 || group < 1 || group > 4096) {
-        PyErr_SetString(PyExc_ValueError, "group_columns: shape outside its range");
+    long rows, group;
+    if (read_args(args, nargs, 6, ptr, &rows, &group,
+                  "group_columns takes block, h, scale, zero, codes, err, rows, group") < 0)
         return NULL;
-    }
     Py_BEGIN_ALLOW_THREADS
     group_columns((float*)ptr[0], (const float*)ptr[1], (const float*)ptr[2], (const float*)ptr[3], (int32_t*)ptr[4],
                   (float*)ptr[5], (int)rows, (int)group);
