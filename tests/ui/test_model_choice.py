@@ -38,3 +38,15 @@ def test_the_progress_bar_says_the_time_left_at_the_stage_rate():
     assert eta(10.0, 5, 5) == " — about 10 s left"
     assert eta(60.0, 2, 8) == " — about 4 min left"
     assert eta(10.0, 5, 0) == ""
+
+
+def test_a_failed_measurement_keeps_the_configured_model(qtbot, loop, tiny_store, tmp_path):
+    def choose():
+        raise RuntimeError("no timer")
+
+    service = EngineService(EngineConfig(model_id=TINY_ID, precision="bf16"), store=tiny_store, choose=choose)
+    win = MainWindow(service, ChatController(service, ChatStore(tmp_path / "chats.db")), ModelService(store=tiny_store))
+    qtbot.addWidget(win)
+    assert loop.run_until_complete(service.start()) is True
+    assert service.model_name == TINY_ID and win.chosen_note == ""
+    service.shutdown()
