@@ -2,10 +2,12 @@
 
 Builds `bench/machine_bounds.c` with the C compiler Python was built with (AVX-512 CPUs only) and runs it: the
 bytes per second two threads can stream from memory (what a batch-1 step, reading every weight once, can at best
-reach) and how many `vdpbf16ps` (the int4 kernel's bf16 dot product) and `vpdpbusd` (int8 VNNI) instructions per
-second the cores retire (what bounds a step of many rows). From these and the weights each token reads it derives
-the fastest steps possible: batch 1 = weight bytes / bandwidth; 8 rows = 8 x MACs / (32 per vdpbf16ps, 64 per
-vpdpbusd) / rate, or the weight read if longer; both with nothing else costing time. Writes
+reach) and how many dot-product instructions per second the cores retire, for those the CPU has: `vdpbf16ps` (the
+int4 kernel's bf16 path), `vpdpbusd` (int8 VNNI; `vpdpwssd` of the VNNI path runs at its rate), `vfmadd231ps` zmm
+and ymm (the fp32 and AVX2 paths) and `vpermt2b` (the AVX-512 paths' nibble lookup). From these and the weights each
+token reads it derives the fastest steps possible: batch 1 = weight bytes / bandwidth, or the VNNI path's
+instructions if longer; 8 rows = 8 x MACs / (MACs per instruction) / rate, or the weight read if longer; all with
+nothing else costing time. Writes
 bench/results/machine_bounds[_<tag>].{json,md}.
 """
 from __future__ import annotations
@@ -41,37 +43,54 @@ def measure() -> dict[str, dict[int, float]]:
     return figures
 
 
+DOTS = {  # figure: (multiply-adds one instruction does, its name in the table)
+    "vdpbf16ps_g_s": (32, "vdpbf16ps zmm"), "vpdpbusd_g_s": (64, "vpdpbusd zmm"),
+    "vfmadd_zmm_g_s": (16, "vfmadd231ps zmm"), "vfmadd_ymm_g_s": (8, "vfmadd231ps ymm"),
+}
+"""The 8-row bound of each instruction the CPU has: 8 x MACs / (MACs per instruction) / rate."""
+
+
 def bounds(figures: dict[str, dict[int, float]], threads: int = 2) -> dict[str, dict]:
-    gb_s, bf16, int8 = (figures[k][threads] for k in ("read_gb_s", "vdpbf16ps_g_s", "vpdpbusd_g_s"))
+    gb_s = figures["read_gb_s"][threads]
     result = {}
     for model, (ponder_mb, llama_mb, macs) in MODELS.items():
         one_row_ms = ponder_mb * 2**20 / (gb_s * 1e9) * 1e3
-        eight_bf16_ms = 8 * macs / 32 / (bf16 * 1e9) * 1e3
-        eight_int8_ms = 8 * macs / 64 / (int8 * 1e9) * 1e3
-        result[model] = {
-            "batch1_weight_read_ms": round(one_row_ms, 2), "batch1_max_tok_s": round(1e3 / one_row_ms, 1),
-            "llama_cpp_batch1_max_tok_s": round(1e3 / (llama_mb * 2**20 / (gb_s * 1e9) * 1e3), 1),
-            "bytes_ratio_llama_cpp_vs_ponder": round(llama_mb / ponder_mb, 3),
-            "rows8_bf16_dot_ms": round(eight_bf16_ms, 2), "rows8_int8_dot_ms": round(eight_int8_ms, 2),
-            "rows8_max_tok_s_bf16": round(8e3 / max(one_row_ms, eight_bf16_ms), 1),
-            "rows8_max_tok_s_int8": round(8e3 / max(one_row_ms, eight_int8_ms), 1),
-        }
+        b = {"batch1_weight_read_ms": round(one_row_ms, 2), "batch1_max_tok_s": round(1e3 / one_row_ms, 1),
+             "llama_cpp_batch1_max_tok_s": round(1e3 / (llama_mb * 2**20 / (gb_s * 1e9) * 1e3), 1),
+             "bytes_ratio_llama_cpp_vs_ponder": round(llama_mb / ponder_mb, 3)}
+        if "vpermt2b_zmm_g_s" in figures and "vpdpbusd_g_s" in figures:
+            # The VNNI path without BF16: per 32 weights and row, one vpermt2b (shared by the rows of a pass)
+            # and one vpdpwssd, which retires at vpdpbusd's rate.
+            per32 = 1 / figures["vpermt2b_zmm_g_s"][threads] + 1 / figures["vpdpbusd_g_s"][threads]
+            compute_ms = macs / 32 * per32 / 1e9 * 1e3
+            b["batch1_vnni_path_compute_ms"] = round(compute_ms, 2)
+            b["batch1_vnni_path_max_tok_s"] = round(1e3 / max(one_row_ms, compute_ms), 1)
+        for key, (per_instruction, _) in DOTS.items():
+            if key in figures:
+                dots_ms = 8 * macs / per_instruction / (figures[key][threads] * 1e9) * 1e3
+                b[f"rows8_{key[:-4]}_ms"] = round(dots_ms, 2)
+                b[f"rows8_max_tok_s_{key[:-4]}"] = round(8e3 / max(one_row_ms, dots_ms), 1)
+        result[model] = b
     return result
 
 
 def to_markdown(result: dict) -> list[str]:
     f = result["figures"]
+    names = {"read_gb_s": "read bandwidth GB/s", "vpermt2b_zmm_g_s": "vpermt2b zmm, G/s",
+             **{k: f"{label}, G/s" for k, (_, label) in DOTS.items()}}
     lines = [f"Machine bounds on {result['cpu']} (bench/machine_bounds.c)", "",
-             "| figure | 1 thread | 2 threads |", "|---|---:|---:|",
-             f"| read bandwidth GB/s | {f['read_gb_s'][1]} | {f['read_gb_s'][2]} |",
-             f"| vdpbf16ps zmm, G/s | {f['vdpbf16ps_g_s'][1]} | {f['vdpbf16ps_g_s'][2]} |",
-             f"| vpdpbusd zmm, G/s | {f['vpdpbusd_g_s'][1]} | {f['vpdpbusd_g_s'][2]} |", "",
-             "| model | weights read / token, ms | batch-1 max tok/s | llama.cpp's max | 8 rows bf16 dots ms "
-             "| 8 rows int8 dots ms | 8 rows max aggregate tok/s (bf16 / int8) |", "|---|---:|---:|---:|---:|---:|---|"]
+             "| figure | 1 thread | 2 threads |", "|---|---:|---:|"]
+    lines += [f"| {label} | {f[k][1]} | {f[k][2]} |" for k, label in names.items() if k in f]
+    dots = [k[:-4] for k in DOTS if k in f]
+    lines += ["", "| model | weights read / token, ms | batch-1 max tok/s | llama.cpp's max | VNNI path compute ms "
+              "(max tok/s) | " + " | ".join(f"8 rows {d} ms (max aggregate tok/s)" for d in dots) + " |",
+              "|---|---:|---:|---:|---:|" + "---:|" * len(dots)]
     for model, b in result["bounds"].items():
+        vnni = (f"{b['batch1_vnni_path_compute_ms']} ({b['batch1_vnni_path_max_tok_s']})"
+                if "batch1_vnni_path_compute_ms" in b else "-")
         lines.append(f"| {model} | {b['batch1_weight_read_ms']} | {b['batch1_max_tok_s']} | "
-                     f"{b['llama_cpp_batch1_max_tok_s']} | {b['rows8_bf16_dot_ms']} | {b['rows8_int8_dot_ms']} | "
-                     f"{b['rows8_max_tok_s_bf16']} / {b['rows8_max_tok_s_int8']} |")
+                     f"{b['llama_cpp_batch1_max_tok_s']} | {vnni} | "
+                     + " | ".join(f"{b[f'rows8_{d}_ms']} ({b[f'rows8_max_tok_s_{d}']})" for d in dots) + " |")
     return lines
 
 

@@ -9,11 +9,26 @@
 // in fp32, and the 136 (128 + 8) offset comes out per group with the group's sum of x:
 //   sum_k w_k x_k = sum_g [ s_g * sum_k (128 + q_k) x_k + (z_g - 136 s_g) * sum_k x_k ].
 // Each row's arithmetic is the same whatever the number of rows, so batched and one-at-a-time decoding agree.
-// Needs AVX512-BF16 and AVX512-VBMI; `supported()` says whether this CPU has them. Threads: OpenMP, which
-// resolves to torch's own libgomp when torch is loaded first (same soname), so both share one pool.
+//
+// Three instruction sets, chosen per call (`isa`), each for the layout torch packs for its CPU capability:
+//   ISA_BF16   AVX512-BF16 + VBMI, torch's AVX512 layout (above): vdpbf16ps on bf16 pairs.
+//   ISA_AVX512 AVX-512 F/BW + VBMI without BF16 (Ice Lake, Sapphire Rapids with BF16 masked): the same layout;
+//              one vpermt2b per 16 outputs makes the fp32 value 128 + q directly (bits 0x43000000 | q << 16),
+//              and fp32 FMAs multiply it by x exactly; the same offset formula as ISA_BF16.
+//   ISA_AVX2   AVX2 + FMA (most laptops), torch's AVX2 layout: blocks of 32 outputs, for each input k 16 bytes,
+//              byte j holding output j low and output j + 16 high; q as fp32 by vpmovzxbd + vcvtdq2ps, and
+//              sum_k w_k x_k = sum_g [ s_g * sum_k q_k x_k + (z_g - 8 s_g) * sum_k x_k ].
+//   ISA_VNNI   AVX-512 VNNI + VBMI without BF16: the same layout; x is held as int16 with one fp32 scale per
+//              group (max |x| / 32767, so a group's error is at most 2^-16 of its largest input), the same
+//              vpermt2b makes int16 pairs (q_k, q_k+1) and vpdpwssd sums q * x exactly in int32, 32 products an
+//              instruction as vdpbf16ps does; then s_g * xscale_g * sum_k q_k x_k + (z_g - 8 s_g) * sum_k x_k.
+// The fp32 and int paths round their sums to bf16 to nearest even in software. `features()` says which sets this CPU
+// has. Threads: OpenMP, which resolves to torch's own libgomp when torch is loaded first (same soname), so both
+// share one pool.
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <immintrin.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +37,12 @@
 #define PREFETCH 2048
 
 #define KERNEL_TARGET __attribute__((target("avx512f,avx512bw,avx512bf16,avx512vbmi")))
+#define F512_TARGET __attribute__((target("avx512f,avx512bw,avx512vbmi,fma")))
+#define AVX2_TARGET __attribute__((target("avx2,fma")))
+#define VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vbmi,avx512vnni,fma")))
+#define MAX_VNNI_GROUP 2048  // 15 * 32767 * 2048 < 2^31: a group's integer sum cannot overflow
+
+enum { ISA_BF16 = 0, ISA_AVX512 = 1, ISA_AVX2 = 2, ISA_VNNI = 3 };
 
 // Up to 4 rows per pass over a block: 4 rows x 4 output quarters accumulators.
 KERNEL_TARGET static inline __attribute__((always_inline)) void block_rows(const uint8_t* blk, const uint32_t* scales32,
@@ -72,24 +93,226 @@ KERNEL_TARGET static inline __attribute__((always_inline)) void block_rows(const
             _mm256_storeu_si256((__m256i*)(y + (size_t)r * N + n0 + 16 * q), (__m256i)_mm512_cvtneps_pbh(out[r][q]));
 }
 
-KERNEL_TARGET static void int4_mm(const uint8_t* packed, const uint32_t* scales32, const uint16_t* x, uint16_t* y,
-                                  int M, int N, int K, int group) {
+static inline float bf16_to_float(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+// fp32 to bf16, to nearest even (as vcvtneps2bf16 rounds finite values).
+F512_TARGET static inline __m256i bf16_512(__m512 v) {
+    const __m512i b = _mm512_castps_si512(v);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16));
+}
+
+AVX2_TARGET static inline __m128i bf16_256(__m256 v) {
+    const __m256i b = _mm256_castps_si256(v);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+    const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), 16);
+    return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+}
+
+// ISA_AVX512: up to 4 rows over one block of 64 outputs; xf is x in fp32, out a scratch of rows x 64 floats.
+F512_TARGET static inline __attribute__((always_inline)) void block_rows_f512(const uint8_t* blk,
+        const uint32_t* scales32, const float* xf, const float* xsum, float* out, uint16_t* y, const int rows,
+        int n0, int N, int K, int group) {
+    const __m512i nib = _mm512_set1_epi8(0x0F);
+    const __m512i magic = _mm512_set1_epi32(0x4300);  // byte 0: 0x00, byte 1: 0x43
+    // dword i of idx[o]: bytes (0x40, 0x40, o + i, 0x41) -> 0x00, 0x00, q, 0x43: the fp32 128 + q
+    const __m512i base = _mm512_set_epi32(
+        0x414F4040, 0x414E4040, 0x414D4040, 0x414C4040, 0x414B4040, 0x414A4040, 0x41494040, 0x41484040,
+        0x41474040, 0x41464040, 0x41454040, 0x41444040, 0x41434040, 0x41424040, 0x41414040, 0x41404040);
+    const __m512i idx[4] = {_mm512_sub_epi32(base, _mm512_set1_epi32(0x00400000)),
+                            _mm512_sub_epi32(base, _mm512_set1_epi32(0x00300000)),
+                            _mm512_sub_epi32(base, _mm512_set1_epi32(0x00200000)),
+                            _mm512_sub_epi32(base, _mm512_set1_epi32(0x00100000))};
     const int groups = K / group;
-    float* xsum = (float*)malloc(sizeof(float) * (size_t)M * groups);
-    for (int m = 0; m < M; m++)  // each group's sum of x, in fp32, in input order
-        for (int g = 0; g < groups; g++) {
-            float s = 0.0f;
-            for (int k = g * group; k < (g + 1) * group; k++) {
-                uint32_t bits = (uint32_t)x[(size_t)m * K + k] << 16;
-                float f;
-                memcpy(&f, &bits, 4);
-                s += f;
+    const int pairs = group / 2;
+    for (int i = 0; i < rows * 64; i++) out[i] = 0.0f;
+    const uint8_t* line = blk;
+    for (int g = 0; g < groups; g++) {
+        __m512 acc[4][4];
+        for (int r = 0; r < rows; r++)
+            for (int q = 0; q < 4; q++) acc[r][q] = _mm512_setzero_ps();
+        for (int p = g * pairs; p < (g + 1) * pairs; p++, line += 64) {
+            _mm_prefetch((const char*)(line + PREFETCH), _MM_HINT_T0);
+            const __m512i v = _mm512_loadu_si512((const void*)line);
+            const __m512i lo = _mm512_and_si512(v, nib);
+            const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+            for (int e = 0; e < 2; e++) {  // input 2p (bytes 0..31), then 2p + 1 (bytes 32..63)
+                const __m512 w[4] = {_mm512_castsi512_ps(_mm512_permutex2var_epi8(lo, idx[2 * e], magic)),
+                                     _mm512_castsi512_ps(_mm512_permutex2var_epi8(lo, idx[2 * e + 1], magic)),
+                                     _mm512_castsi512_ps(_mm512_permutex2var_epi8(hi, idx[2 * e], magic)),
+                                     _mm512_castsi512_ps(_mm512_permutex2var_epi8(hi, idx[2 * e + 1], magic))};
+                for (int r = 0; r < rows; r++) {
+                    const __m512 xb = _mm512_set1_ps(xf[(size_t)r * K + 2 * p + e]);
+                    for (int q = 0; q < 4; q++) acc[r][q] = _mm512_fmadd_ps(w[q], xb, acc[r][q]);
+                }
             }
-            xsum[m * groups + g] = s;
         }
-    const int blocks = N / 64;
+        const uint32_t* sz = scales32 + (size_t)g * N + n0;
+        for (int q = 0; q < 4; q++) {
+            const __m512i packed = _mm512_loadu_si512((const void*)(sz + 16 * q));
+            const __m512 s = _mm512_castsi512_ps(_mm512_slli_epi32(packed, 16));
+            const __m512 z = _mm512_castsi512_ps(_mm512_and_si512(packed, _mm512_set1_epi32((int)0xFFFF0000u)));
+            const __m512 offset = _mm512_fnmadd_ps(s, _mm512_set1_ps(136.0f), z);
+            for (int r = 0; r < rows; r++) {
+                __m512 o = _mm512_fmadd_ps(s, acc[r][q], _mm512_loadu_ps(out + r * 64 + 16 * q));
+                o = _mm512_fmadd_ps(offset, _mm512_set1_ps(xsum[r * groups + g]), o);
+                _mm512_storeu_ps(out + r * 64 + 16 * q, o);
+            }
+        }
+    }
+    for (int r = 0; r < rows; r++)
+        for (int q = 0; q < 4; q++)
+            _mm256_storeu_si256((__m256i*)(y + (size_t)r * N + n0 + 16 * q), bf16_512(_mm512_loadu_ps(out + r * 64 + 16 * q)));
+}
+
+// ISA_AVX2: up to 2 rows over one block of 32 outputs (torch's AVX2 layout, 16 bytes per input).
+AVX2_TARGET static inline __attribute__((always_inline)) void block_rows_avx2(const uint8_t* blk,
+        const uint32_t* scales32, const float* xf, const float* xsum, float* out, uint16_t* y, const int rows,
+        int n0, int N, int K, int group) {
+    const __m256i nib = _mm256_set1_epi32(0x0F);
+    const int groups = K / group;
+    for (int i = 0; i < rows * 32; i++) out[i] = 0.0f;
+    const uint8_t* line = blk;
+    for (int g = 0; g < groups; g++) {
+        __m256 acc[2][4];
+        for (int r = 0; r < rows; r++)
+            for (int q = 0; q < 4; q++) acc[r][q] = _mm256_setzero_ps();
+        for (int k = g * group; k < (g + 1) * group; k++, line += 16) {
+            _mm_prefetch((const char*)(line + PREFETCH), _MM_HINT_T0);
+            const __m256i d0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)line));
+            const __m256i d1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(line + 8)));
+            const __m256 w[4] = {_mm256_cvtepi32_ps(_mm256_and_si256(d0, nib)),
+                                 _mm256_cvtepi32_ps(_mm256_and_si256(d1, nib)),
+                                 _mm256_cvtepi32_ps(_mm256_srli_epi32(d0, 4)),
+                                 _mm256_cvtepi32_ps(_mm256_srli_epi32(d1, 4))};
+            for (int r = 0; r < rows; r++) {
+                const __m256 xb = _mm256_broadcast_ss(xf + (size_t)r * K + k);
+                for (int q = 0; q < 4; q++) acc[r][q] = _mm256_fmadd_ps(w[q], xb, acc[r][q]);
+            }
+        }
+        const uint32_t* sz = scales32 + (size_t)g * N + n0;
+        for (int q = 0; q < 4; q++) {
+            const __m256i packed = _mm256_loadu_si256((const __m256i*)(sz + 8 * q));
+            const __m256 s = _mm256_castsi256_ps(_mm256_slli_epi32(packed, 16));
+            const __m256 z = _mm256_castsi256_ps(_mm256_and_si256(packed, _mm256_set1_epi32((int)0xFFFF0000u)));
+            const __m256 offset = _mm256_fnmadd_ps(s, _mm256_set1_ps(8.0f), z);
+            for (int r = 0; r < rows; r++) {
+                __m256 o = _mm256_fmadd_ps(s, acc[r][q], _mm256_loadu_ps(out + r * 32 + 8 * q));
+                o = _mm256_fmadd_ps(offset, _mm256_set1_ps(xsum[r * groups + g]), o);
+                _mm256_storeu_ps(out + r * 32 + 8 * q, o);
+            }
+        }
+    }
+    for (int r = 0; r < rows; r++)
+        for (int q = 0; q < 4; q++)
+            _mm_storeu_si128((__m128i*)(y + (size_t)r * N + n0 + 8 * q), bf16_256(_mm256_loadu_ps(out + r * 32 + 8 * q)));
+}
+
+// ISA_VNNI: up to 4 rows over one block of 64 outputs; xi is x as int16 (pairs read as int32), xscale one
+// scale per row and group.
+VNNI_TARGET static inline __attribute__((always_inline)) void block_rows_vnni(const uint8_t* blk,
+        const uint32_t* scales32, const int16_t* xi, const float* xscale, const float* xsum, float* out,
+        uint16_t* y, const int rows, int n0, int N, int K, int group) {
+    const __m512i nib = _mm512_set1_epi8(0x0F);
+    const __m512i zero = _mm512_setzero_si512();
+    // dword i: bytes (i, zero, 32 + i, zero) of a 64-byte line -> int16 pair (q_2p, q_2p+1) of output i
+    const __m512i idx0 = _mm512_set_epi32(
+        0x402F400F, 0x402E400E, 0x402D400D, 0x402C400C, 0x402B400B, 0x402A400A, 0x40294009, 0x40284008,
+        0x40274007, 0x40264006, 0x40254005, 0x40244004, 0x40234003, 0x40224002, 0x40214001, 0x40204000);
+    const __m512i idx1 = _mm512_add_epi8(idx0, _mm512_set1_epi32(0x00100010));
+    const int groups = K / group;
+    const int pairs = group / 2;
+    for (int i = 0; i < rows * 64; i++) out[i] = 0.0f;
+    const uint8_t* line = blk;
+    for (int g = 0; g < groups; g++) {
+        // integer sums are exact in any order, so one or two rows split each sum over two accumulator sets
+        // (even and odd lines) to hide vpdpwssd's latency, and every row still gets the same result
+        const int sets = rows <= 2 ? 2 : 1;
+        __m512i acc[2][4][4];
+        for (int t = 0; t < sets; t++)
+            for (int r = 0; r < rows; r++)
+                for (int q = 0; q < 4; q++) acc[t][r][q] = _mm512_setzero_si512();
+        for (int p = g * pairs; p < (g + 1) * pairs; p++, line += 64) {
+            const int t = sets == 2 ? (p & 1) : 0;
+            _mm_prefetch((const char*)(line + PREFETCH), _MM_HINT_T0);
+            const __m512i v = _mm512_loadu_si512((const void*)line);
+            const __m512i lo = _mm512_and_si512(v, nib);
+            const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+            const __m512i w[4] = {_mm512_permutex2var_epi8(lo, idx0, zero), _mm512_permutex2var_epi8(lo, idx1, zero),
+                                  _mm512_permutex2var_epi8(hi, idx0, zero), _mm512_permutex2var_epi8(hi, idx1, zero)};
+            for (int r = 0; r < rows; r++) {
+                const __m512i xb = _mm512_set1_epi32(((const int32_t*)(xi + (size_t)r * K))[p]);
+                for (int q = 0; q < 4; q++) acc[t][r][q] = _mm512_dpwssd_epi32(acc[t][r][q], w[q], xb);
+            }
+        }
+        if (sets == 2)
+            for (int r = 0; r < rows; r++)
+                for (int q = 0; q < 4; q++) acc[0][r][q] = _mm512_add_epi32(acc[0][r][q], acc[1][r][q]);
+        const uint32_t* sz = scales32 + (size_t)g * N + n0;
+        for (int q = 0; q < 4; q++) {
+            const __m512i packed = _mm512_loadu_si512((const void*)(sz + 16 * q));
+            const __m512 s = _mm512_castsi512_ps(_mm512_slli_epi32(packed, 16));
+            const __m512 z = _mm512_castsi512_ps(_mm512_and_si512(packed, _mm512_set1_epi32((int)0xFFFF0000u)));
+            const __m512 offset = _mm512_fnmadd_ps(s, _mm512_set1_ps(8.0f), z);
+            for (int r = 0; r < rows; r++) {
+                const __m512 sx = _mm512_mul_ps(s, _mm512_set1_ps(xscale[r * groups + g]));
+                __m512 o = _mm512_fmadd_ps(sx, _mm512_cvtepi32_ps(acc[0][r][q]), _mm512_loadu_ps(out + r * 64 + 16 * q));
+                o = _mm512_fmadd_ps(offset, _mm512_set1_ps(xsum[r * groups + g]), o);
+                _mm512_storeu_ps(out + r * 64 + 16 * q, o);
+            }
+        }
+    }
+    for (int r = 0; r < rows; r++)
+        for (int q = 0; q < 4; q++)
+            _mm256_storeu_si256((__m256i*)(y + (size_t)r * N + n0 + 16 * q), bf16_512(_mm512_loadu_ps(out + r * 64 + 16 * q)));
+}
+
+VNNI_TARGET static void blocks_vnni(const uint8_t* packed, const uint32_t* scales32, const int16_t* xi,
+                                    const float* xscale, const float* xsum, uint16_t* y, int M, int N, int K,
+                                    int group) {
+    const int groups = K / group;
     #pragma omp parallel for schedule(static)
-    for (int b = 0; b < blocks; b++) {
+    for (int b = 0; b < N / 64; b++) {
+        float out[4 * 64] __attribute__((aligned(64)));
+        const uint8_t* blk = packed + (size_t)b * K * 32;
+        for (int m = 0; m < M; m += 4) {
+            const int rows = M - m;
+            const int16_t* xm = xi + (size_t)m * K;
+            const float* cm = xscale + m * groups;
+            const float* sm = xsum + m * groups;
+            uint16_t* ym = y + (size_t)m * N;
+            if (rows >= 4) block_rows_vnni(blk, scales32, xm, cm, sm, out, ym, 4, b * 64, N, K, group);
+            else if (rows == 3) block_rows_vnni(blk, scales32, xm, cm, sm, out, ym, 3, b * 64, N, K, group);
+            else if (rows == 2) block_rows_vnni(blk, scales32, xm, cm, sm, out, ym, 2, b * 64, N, K, group);
+            else block_rows_vnni(blk, scales32, xm, cm, sm, out, ym, 1, b * 64, N, K, group);
+        }
+    }
+}
+
+// x as int16 per group: q = round(x / scale), scale = max |x| / 32767 (0 for an all-zero group).
+static void to_int16(const uint16_t* x, int16_t* xi, float* xscale, int M, int K, int group) {
+    const int groups = K / group;
+    for (int m = 0; m < M; m++)
+        for (int g = 0; g < groups; g++) {
+            const uint16_t* xg = x + (size_t)m * K + (size_t)g * group;
+            float amax = 0.0f;
+            for (int k = 0; k < group; k++) amax = fmaxf(amax, fabsf(bf16_to_float(xg[k])));
+            const float inv = amax > 0.0f ? 32767.0f / amax : 0.0f;
+            for (int k = 0; k < group; k++) xi[(size_t)m * K + (size_t)g * group + k] = (int16_t)lrintf(bf16_to_float(xg[k]) * inv);
+            xscale[m * groups + g] = amax / 32767.0f;
+        }
+}
+
+KERNEL_TARGET static void blocks_bf16(const uint8_t* packed, const uint32_t* scales32, const uint16_t* x,
+                                      const float* xsum, uint16_t* y, int M, int N, int K, int group) {
+    const int groups = K / group;
+    #pragma omp parallel for schedule(static)
+    for (int b = 0; b < N / 64; b++) {
         const uint8_t* blk = packed + (size_t)b * K * 32;
         for (int m = 0; m < M; m += 4) {
             const int rows = M - m;
@@ -102,7 +325,78 @@ KERNEL_TARGET static void int4_mm(const uint8_t* packed, const uint32_t* scales3
             else block_rows(blk, scales32, xm, sm, ym, 1, b * 64, N, K, group);
         }
     }
+}
+
+F512_TARGET static void blocks_f512(const uint8_t* packed, const uint32_t* scales32, const float* xf,
+                                    const float* xsum, uint16_t* y, int M, int N, int K, int group) {
+    const int groups = K / group;
+    #pragma omp parallel for schedule(static)
+    for (int b = 0; b < N / 64; b++) {
+        float out[4 * 64] __attribute__((aligned(64)));
+        const uint8_t* blk = packed + (size_t)b * K * 32;
+        for (int m = 0; m < M; m += 4) {
+            const int rows = M - m;
+            const float* xm = xf + (size_t)m * K;
+            const float* sm = xsum + m * groups;
+            uint16_t* ym = y + (size_t)m * N;
+            if (rows >= 4) block_rows_f512(blk, scales32, xm, sm, out, ym, 4, b * 64, N, K, group);
+            else if (rows == 3) block_rows_f512(blk, scales32, xm, sm, out, ym, 3, b * 64, N, K, group);
+            else if (rows == 2) block_rows_f512(blk, scales32, xm, sm, out, ym, 2, b * 64, N, K, group);
+            else block_rows_f512(blk, scales32, xm, sm, out, ym, 1, b * 64, N, K, group);
+        }
+    }
+}
+
+AVX2_TARGET static void blocks_avx2(const uint8_t* packed, const uint32_t* scales32, const float* xf,
+                                    const float* xsum, uint16_t* y, int M, int N, int K, int group) {
+    const int groups = K / group;
+    #pragma omp parallel for schedule(static)
+    for (int b = 0; b < N / 32; b++) {
+        float out[2 * 32] __attribute__((aligned(32)));
+        const uint8_t* blk = packed + (size_t)b * K * 16;
+        for (int m = 0; m < M; m += 2) {
+            const float* xm = xf + (size_t)m * K;
+            const float* sm = xsum + m * groups;
+            uint16_t* ym = y + (size_t)m * N;
+            if (M - m >= 2) block_rows_avx2(blk, scales32, xm, sm, out, ym, 2, b * 32, N, K, group);
+            else block_rows_avx2(blk, scales32, xm, sm, out, ym, 1, b * 32, N, K, group);
+        }
+    }
+}
+
+static int int4_mm(const uint8_t* packed, const uint32_t* scales32, const uint16_t* x, uint16_t* y, int M, int N,
+                   int K, int group, int isa) {
+    const int groups = K / group;
+    float* xsum = (float*)malloc(sizeof(float) * (size_t)M * groups);
+    const int fp32 = isa == ISA_AVX512 || isa == ISA_AVX2;
+    float* xf = fp32 ? (float*)malloc(sizeof(float) * (size_t)M * K) : NULL;
+    int16_t* xi = isa == ISA_VNNI ? (int16_t*)malloc(sizeof(int16_t) * (size_t)M * K) : NULL;
+    float* xscale = isa == ISA_VNNI ? (float*)malloc(sizeof(float) * (size_t)M * groups) : NULL;
+    if (xsum == NULL || (fp32 && xf == NULL) || (isa == ISA_VNNI && (xi == NULL || xscale == NULL))) {
+        free(xsum);
+        free(xf);
+        free(xi);
+        free(xscale);
+        return -1;
+    }
+    for (int m = 0; m < M; m++)  // each group's sum of x, in fp32, in input order
+        for (int g = 0; g < groups; g++) {
+            float s = 0.0f;
+            for (int k = g * group; k < (g + 1) * group; k++) s += bf16_to_float(x[(size_t)m * K + k]);
+            xsum[m * groups + g] = s;
+        }
+    if (xf != NULL)
+        for (size_t i = 0; i < (size_t)M * K; i++) xf[i] = bf16_to_float(x[i]);
+    if (xi != NULL) to_int16(x, xi, xscale, M, K, group);
+    if (isa == ISA_BF16) blocks_bf16(packed, scales32, x, xsum, y, M, N, K, group);
+    else if (isa == ISA_VNNI) blocks_vnni(packed, scales32, xi, xscale, xsum, y, M, N, K, group);
+    else if (isa == ISA_AVX512) blocks_f512(packed, scales32, xf, xsum, y, M, N, K, group);
+    else blocks_avx2(packed, scales32, xf, xsum, y, M, N, K, group);
     free(xsum);
+    free(xf);
+    free(xi);
+    free(xscale);
+    return 0;
 }
 
 // Reads nptr addresses, then ndims integers, from a fastcall argument vector of exactly `want` arguments.
@@ -123,27 +417,45 @@ static int read_args(PyObject* const* args, Py_ssize_t nargs, Py_ssize_t want, v
     return 0;
 }
 
-// mm(packed, scales, x, y, M, N, K, group): addresses as ints, arrays contiguous; y bf16 [M, N] is written.
+static int cpu_features(void) {  // bit i: ISA i runs on this CPU
+    __builtin_cpu_init();
+    const int avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                       __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("fma");
+    return (avx512 && __builtin_cpu_supports("avx512bf16")) << ISA_BF16 | avx512 << ISA_AVX512 |
+           (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) << ISA_AVX2 |
+           (avx512 && __builtin_cpu_supports("avx512vnni")) << ISA_VNNI;
+}
+
+// mm(packed, scales, x, y, M, N, K, group, isa): addresses as ints, arrays contiguous; y bf16 [M, N] is written.
 static PyObject* py_mm(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
     (void)self;
     void* ptr[4];
-    long dims[4];
-    if (read_args(args, nargs, 8, ptr, 4, dims, 4, "mm takes packed, scales, x, y, M, N, K, group") < 0) return NULL;
-    const long M = dims[0], N = dims[1], K = dims[2], group = dims[3];
-    if (M < 1 || M > MAX_ROWS || N < 64 || N % 64 || group < 4 || group % 4 || K < group || K % group) {
+    long dims[5];
+    if (read_args(args, nargs, 9, ptr, 4, dims, 5, "mm takes packed, scales, x, y, M, N, K, group, isa") < 0)
+        return NULL;
+    const long M = dims[0], N = dims[1], K = dims[2], group = dims[3], isa = dims[4];
+    if (isa < 0 || isa > ISA_VNNI || !(cpu_features() >> isa & 1)) {
+        PyErr_SetString(PyExc_ValueError, "int4 mm: this CPU lacks that instruction set");
+        return NULL;
+    }
+    if (M < 1 || M > MAX_ROWS || N < 64 || N % 64 || group < 4 || group % 4 || K < group || K % group ||
+        (isa == ISA_VNNI && group > MAX_VNNI_GROUP)) {
         PyErr_SetString(PyExc_ValueError, "int4 mm: shape outside the kernel's range");
         return NULL;
     }
+    int rc;
     Py_BEGIN_ALLOW_THREADS
-    int4_mm((const uint8_t*)ptr[0], (const uint32_t*)ptr[1], (const uint16_t*)ptr[2], (uint16_t*)ptr[3], (int)M,
-            (int)N, (int)K, (int)group);
+    rc = int4_mm((const uint8_t*)ptr[0], (const uint32_t*)ptr[1], (const uint16_t*)ptr[2], (uint16_t*)ptr[3],
+                 (int)M, (int)N, (int)K, (int)group, (int)isa);
     Py_END_ALLOW_THREADS
+    if (rc < 0) return PyErr_NoMemory();
     Py_RETURN_NONE;
 }
 
 // unpack: the bf16 weight, transposed (K rows of N), as models.quantization.unpack_int4 computes it:
-// w = ((q - 8) * scale) + zero in fp32 (two roundings, no fused multiply-add), rounded to bf16.
-KERNEL_TARGET __attribute__((optimize("fp-contract=off"))) static void unpack(const uint8_t* packed,
+// w = ((q - 8) * scale) + zero in fp32 (two roundings, no fused multiply-add), rounded to bf16 (nearest even, as
+// torch rounds). AVX-512 F/BW only: it runs for ISA_BF16 and ISA_AVX512 (the layout of 64-output blocks).
+F512_TARGET __attribute__((optimize("fp-contract=off"))) static void unpack(const uint8_t* packed,
                                                                               const uint32_t* scales32, uint16_t* out,
                                                                               int N, int K, int group) {
     const int blocks = N / 64;
@@ -164,7 +476,7 @@ KERNEL_TARGET __attribute__((optimize("fp-contract=off"))) static void unpack(co
                 const __m512 z = _mm512_castsi512_ps(_mm512_and_si512(packed_sz, _mm512_set1_epi32((int)0xFFFF0000u)));
                 const __m512 w = _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(parts[q])), _mm512_set1_ps(8.0f));
                 const __m512 r = _mm512_add_ps(_mm512_mul_ps(w, s), z);
-                _mm256_storeu_si256((__m256i*)(row + n), (__m256i)_mm512_cvtneps_pbh(r));
+                _mm256_storeu_si256((__m256i*)(row + n), bf16_512(r));
             }
         }
     }
@@ -177,6 +489,10 @@ static PyObject* py_unpack(PyObject* self, PyObject* const* args, Py_ssize_t nar
     long dims[3];
     if (read_args(args, nargs, 6, ptr, 3, dims, 3, "unpack takes packed, scales, out, N, K, group") < 0) return NULL;
     const long N = dims[0], K = dims[1], group = dims[2];
+    if (!(cpu_features() >> ISA_AVX512 & 1)) {
+        PyErr_SetString(PyExc_ValueError, "int4 unpack: needs AVX-512 F/BW/VBMI");
+        return NULL;
+    }
     if (N < 64 || N % 64 || group < 1 || K < group || K % group) {
         PyErr_SetString(PyExc_ValueError, "int4 unpack: shape outside the kernel's range");
         return NULL;
@@ -187,18 +503,15 @@ static PyObject* py_unpack(PyObject* self, PyObject* const* args, Py_ssize_t nar
     Py_RETURN_NONE;
 }
 
-static PyObject* py_supported(PyObject* self, PyObject* unused) {
+static PyObject* py_features(PyObject* self, PyObject* unused) {
     (void)self; (void)unused;
-    __builtin_cpu_init();
-    int ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vbmi");
-    return PyBool_FromLong(ok);
+    return PyLong_FromLong(cpu_features());
 }
 
 static PyMethodDef methods[] = {
     {"mm", (PyCFunction)(void (*)(void))py_mm, METH_FASTCALL, "y = x @ W.T for int4 W in torch's packed layout"},
     {"unpack", (PyCFunction)(void (*)(void))py_unpack, METH_FASTCALL, "the bf16 weight (K, N) of a packed int4 matrix"},
-    {"supported", py_supported, METH_NOARGS, "whether this CPU has AVX512-BF16 and AVX512-VBMI"},
+    {"features", py_features, METH_NOARGS, "bit mask of the instruction sets (ISA_*) this CPU runs"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -206,6 +519,13 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_int4", "Ponder's in
 
 PyMODINIT_FUNC PyInit__int4(void) {
     PyObject* m = PyModule_Create(&module);
-    if (m != NULL) PyModule_AddIntConstant(m, "MAX_ROWS", MAX_ROWS);
+    if (m != NULL) {
+        PyModule_AddIntConstant(m, "MAX_ROWS", MAX_ROWS);
+        PyModule_AddIntConstant(m, "ISA_BF16", ISA_BF16);
+        PyModule_AddIntConstant(m, "ISA_AVX512", ISA_AVX512);
+        PyModule_AddIntConstant(m, "ISA_AVX2", ISA_AVX2);
+        PyModule_AddIntConstant(m, "ISA_VNNI", ISA_VNNI);
+        PyModule_AddIntConstant(m, "MAX_VNNI_GROUP", MAX_VNNI_GROUP);
+    }
     return m;
 }

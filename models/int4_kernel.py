@@ -1,12 +1,16 @@
 """The int4 matmul every decode step runs: Ponder's own kernel for decode rows and short prompts, torch's otherwise.
 
 `models/_int4.c` reads torch's packed int4 layout as it is (no second copy of the weights) and computes x @ W.T for
-1..16 bf16 rows with AVX512-BF16 (see its header); short prompts (up to CHUNKED_ROWS rows) run through it 16 rows
-at a time. It also unpacks a matrix to bf16 in one pass (`unpack`), for long prompts. It is built at install as an
-optional C extension; where it could not be built, where the CPU lacks AVX512-BF16/VBMI, or where
-`PONDER_INT4_KERNEL=torch` is set, every call goes to torch's `_weight_int4pack_mm_for_cpu`. Each row's arithmetic
-is the same whatever the number of rows, so batched and one-at-a-time decoding give the same tokens on either
-kernel.
+1..16 bf16 rows; short prompts (up to CHUNKED_ROWS rows) run through it 16 rows at a time. torch packs one layout
+per CPU capability, and the kernel has a path for each (see its header): AVX512-BF16; AVX-512 VNNI (int16
+activations, exact integer sums) or plain AVX-512 (fp32) without BF16; AVX2 + FMA (most laptops). On AVX-512 it
+also unpacks a matrix to bf16 in one pass (`unpack`), for long prompts.
+It is built at install as an optional C extension; where it could not be built, where torch packs a layout it has
+no path for, or where `PONDER_INT4_KERNEL=torch` is set, every call goes to torch's `_weight_int4pack_mm_for_cpu`.
+`PONDER_INT4_KERNEL=avx512-vnni|avx512|avx2` forces a lower path (with `ATEN_CPU_CAPABILITY=avx2`, an AVX2
+laptop's layout).
+Each row's arithmetic is the same whatever the number of rows, so batched and one-at-a-time decoding give the same
+tokens on either kernel.
 """
 from __future__ import annotations
 
@@ -23,13 +27,24 @@ except ImportError:  # not built here (no C compiler at install): torch's kernel
 MAX_ROWS = _int4.MAX_ROWS if _int4 is not None else 0
 
 
-def _wanted() -> bool:
-    if _int4 is None or os.environ.get("PONDER_INT4_KERNEL", "").lower() == "torch":
-        return False
-    return bool(_int4.supported()) and _reads_this_torch_layout()
+PATHS = {"AVX512": ("avx512-bf16", "avx512-vnni", "avx512"), "AVX2": ("avx2",)}
+"""The kernel's paths that read the layout torch packs for each of its CPU capabilities, best first."""
+_CODES = {"avx512-bf16": "ISA_BF16", "avx512-vnni": "ISA_VNNI", "avx512": "ISA_AVX512", "avx2": "ISA_AVX2"}
 
 
-def _reads_this_torch_layout() -> bool:
+def _choose() -> str | None:
+    """The kernel path for this CPU and this torch's packing, or None (torch's kernel runs everything)."""
+    forced = os.environ.get("PONDER_INT4_KERNEL", "").lower()
+    if _int4 is None or forced == "torch":
+        return None
+    for name in PATHS.get(torch.backends.cpu.get_cpu_capability(), ()):
+        code = getattr(_int4, _CODES[name])
+        if forced in ("", name) and _int4.features() >> code & 1 and _reads_this_torch_layout(code):
+            return name
+    return None
+
+
+def _reads_this_torch_layout(code: int) -> bool:
     """torch packs int4 per CPU capability (e.g. `ATEN_CPU_CAPABILITY=avx2` changes it): check once, on a small
     random matrix, that the kernel reads what torch packs here as torch's own kernel does."""
     gen = torch.Generator().manual_seed(0)
@@ -38,18 +53,22 @@ def _reads_this_torch_layout() -> bool:
     packed = torch._convert_weight_to_int4pack_for_cpu(q, 1)
     x = torch.randn(2, 256, generator=gen).to(torch.bfloat16)
     out = torch.empty(2, 128, dtype=torch.bfloat16)
-    _int4.mm(packed.data_ptr(), scales.data_ptr(), x.data_ptr(), out.data_ptr(), 2, 128, 256, 128)
+    _int4.mm(packed.data_ptr(), scales.data_ptr(), x.data_ptr(), out.data_ptr(), 2, 128, 256, 128, code)
     reference = torch._weight_int4pack_mm_for_cpu(x, packed, 128, scales)
     return bool(torch.allclose(out.float(), reference.float(), atol=0.05, rtol=0.02))
 
 
-ENABLED = _wanted()
+PATH = _choose()
+ENABLED = PATH is not None
+ISA = getattr(_int4, _CODES[PATH]) if ENABLED else -1
+UNPACKS = PATH in PATHS["AVX512"]
+"""Whether `unpack` runs here (the AVX-512 paths)."""
 
 
 def kernel_name() -> str:
     """Which int4 kernel decode rows run on, for benchmarks and `ponder info`."""
     if ENABLED:
-        return "ponder avx512-bf16"
+        return f"ponder {PATH}"
     if _int4 is None:
         return "torch (ponder kernel not built)"
     return "torch"
@@ -63,7 +82,8 @@ unpack to bf16 (models.quantization.prefill_rows)."""
 
 def runs_rows(rows: int, out_features: int, group_size: int) -> bool:
     """Whether Ponder's kernel takes a matmul of this shape."""
-    return ENABLED and 1 <= rows <= CHUNKED_ROWS and out_features % 64 == 0 and group_size % 4 == 0
+    return (ENABLED and 1 <= rows <= CHUNKED_ROWS and out_features % 64 == 0 and group_size % 4 == 0
+            and (PATH != "avx512-vnni" or group_size <= _int4.MAX_VNNI_GROUP))
 
 
 def int4_mm(x: torch.Tensor, data: torch.Tensor, group_size: int, scales: torch.Tensor) -> torch.Tensor:
@@ -76,7 +96,7 @@ def int4_mm(x: torch.Tensor, data: torch.Tensor, group_size: int, scales: torch.
         for start in range(0, rows, MAX_ROWS):
             m = min(MAX_ROWS, rows - start)
             _int4.mm(data.data_ptr(), scales.data_ptr(), x.data_ptr() + start * x_row, out.data_ptr() + start * out_row,
-                     m, n, k, group_size)
+                     m, n, k, group_size, ISA)
         return out
     return torch._weight_int4pack_mm_for_cpu(x, data, group_size, scales)
 
@@ -102,7 +122,7 @@ def unpack(data: torch.Tensor, scales: torch.Tensor, group_size: int, in_feature
     models.quantization.unpack_int4 computes it, in one pass; None where Ponder's kernel does not run.
     scratch: write it into this thread's reused buffer (valid until the next scratch unpack on the thread)."""
     n = data.shape[0]
-    if not (ENABLED and n % 64 == 0 and in_features % group_size == 0 and data.is_contiguous()
+    if not (ENABLED and UNPACKS and n % 64 == 0 and in_features % group_size == 0 and data.is_contiguous()
             and scales.is_contiguous() and scales.dtype == torch.bfloat16):
         return None
     out = (_buffer(in_features * n) if scratch else torch.empty(in_features * n, dtype=torch.bfloat16))

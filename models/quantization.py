@@ -295,7 +295,7 @@ def prefill_rows() -> int:
     the same prompt always takes the same path)."""
     if _has_amx():
         return PREFILL_ROWS_AMX
-    return PREFILL_ROWS_PONDER if int4_kernel.ENABLED else PREFILL_ROWS
+    return PREFILL_ROWS_PONDER if int4_kernel.ENABLED and int4_kernel.UNPACKS else PREFILL_ROWS
 
 
 def unpack_int4(module: nn.Module, scratch: bool = False) -> torch.Tensor:

@@ -1,7 +1,11 @@
 """Ponder's int4 decode kernel (models/_int4.c) reads torch's packed layout, matches a float64 reference as
 closely as torch's own kernel does, gives each row the same result whatever the batch, and hands every shape
-it does not take to torch's kernel."""
+it does not take to torch's kernel. Every path runs here: AVX2 in a child process with torch's AVX2 packing, as
+on a laptop."""
+import os
 import shutil
+import subprocess
+import sys
 import types
 
 import pytest
@@ -10,7 +14,8 @@ import torch
 from models import int4_kernel
 from models.int4_kernel import int4_mm
 
-needs_kernel = pytest.mark.skipif(not int4_kernel.ENABLED, reason="needs the built kernel and AVX512-BF16/VBMI")
+needs_kernel = pytest.mark.skipif(not int4_kernel.ENABLED, reason="needs the built kernel on a CPU it has a path for")
+needs_unpack = pytest.mark.skipif(not int4_kernel.UNPACKS, reason="unpack runs on the AVX-512 paths")
 
 
 def random_int4(n: int, k: int, group: int, seed: int = 0):
@@ -30,16 +35,20 @@ def test_the_extension_is_built_wherever_a_c_compiler_is():
 
 
 def test_torch_packs_int4_in_the_layout_the_kernel_reads():
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability not in int4_kernel.PATHS:
+        pytest.skip(f"torch packs for {capability}: the kernel has no path for it")
+    block = 64 if capability == "AVX512" else 32  # outputs per block; a byte holds outputs j and j + block / 2
     n, k = 128, 256
     zero = torch._convert_weight_to_int4pack_for_cpu(torch.zeros(n, k, dtype=torch.int32), 1).flatten()
-    for row, col in [(0, 0), (5, 0), (37, 0), (63, 9), (64, 0), (100, 255)]:
+    for row, col in [(0, 0), (5, 0), (20, 3), (37, 0), (63, 9), (64, 0), (100, 255)]:
         q = torch.zeros(n, k, dtype=torch.int32)
         q[row, col] = 3
         packed = torch._convert_weight_to_int4pack_for_cpu(q, 1).flatten()
         changed = (packed != zero).nonzero().flatten().tolist()
-        block, within = divmod(row, 64)
-        assert changed == [block * k * 32 + col * 32 + within % 32]
-        assert int(packed[changed[0]]) == (3 << 4 if within >= 32 else 3)
+        index, within = divmod(row, block)
+        assert changed == [index * k * block // 2 + col * block // 2 + within % (block // 2)]
+        assert int(packed[changed[0]]) == (3 << 4 if within >= block // 2 else 3)
 
 
 @needs_kernel
@@ -102,23 +111,27 @@ def test_bad_shapes_raise_instead_of_reading_out_of_bounds():
     packed, scales, _ = random_int4(128, 256, 128)
     y = torch.empty(1, 128, dtype=torch.bfloat16)
     x = torch.randn(1, 256).to(torch.bfloat16)
-    with pytest.raises(ValueError):
-        int4_kernel._int4.mm(packed.data_ptr(), scales.data_ptr(), x.data_ptr(), y.data_ptr(), 1, 100, 256, 128)
-    with pytest.raises(ValueError):
-        int4_kernel._int4.mm(packed.data_ptr(), scales.data_ptr(), x.data_ptr(), y.data_ptr(), 0, 128, 256, 128)
+    args = packed.data_ptr(), scales.data_ptr(), x.data_ptr(), y.data_ptr()
+    with pytest.raises(ValueError, match="shape"):
+        int4_kernel._int4.mm(*args, 1, 100, 256, 128, int4_kernel.ISA)
+    with pytest.raises(ValueError, match="shape"):
+        int4_kernel._int4.mm(*args, 0, 128, 256, 128, int4_kernel.ISA)
+    with pytest.raises(ValueError, match="instruction set"):  # an unknown path is refused, never jumped to
+        int4_kernel._int4.mm(*args, 1, 128, 256, 128, 7)
 
 
 @needs_kernel
 def test_the_kernel_is_off_where_torch_packs_another_layout(monkeypatch):
     """Where the kernel's output disagrees with torch's kernel on what torch packed (here torch's kernel is replaced
     by one that reads another layout), the load-time check turns the kernel off instead of decoding garbage."""
-    assert int4_kernel._reads_this_torch_layout()
+    assert int4_kernel._reads_this_torch_layout(int4_kernel.ISA)
     monkeypatch.setattr(torch, "_weight_int4pack_mm_for_cpu",
                         lambda x, packed, group, scales: torch.zeros(x.shape[0], packed.shape[0], dtype=x.dtype) + 9)
-    assert not int4_kernel._reads_this_torch_layout()
+    assert not int4_kernel._reads_this_torch_layout(int4_kernel.ISA)
 
 
 @needs_kernel
+@needs_unpack
 @pytest.mark.parametrize(("n", "k", "group"), [(128, 256, 128), (384, 512, 64), (192, 96, 32)])
 def test_unpack_gives_the_tensor_ops_bf16_weight_bit_for_bit(monkeypatch, n, k, group):
     from models import quantization
@@ -137,9 +150,41 @@ def test_unpack_gives_the_tensor_ops_bf16_weight_bit_for_bit(monkeypatch, n, k, 
 
 
 @needs_kernel
+@needs_unpack
 def test_scratch_unpacks_reuse_one_buffer_per_thread():
     packed, scales, _ = random_int4(128, 256, 128)
     first = int4_kernel.unpack(packed, scales, 128, 256, scratch=True)
     second = int4_kernel.unpack(packed, scales, 128, 256, scratch=True)
     assert first.data_ptr() == second.data_ptr()
     assert int4_kernel.unpack(packed, scales, 128, 256).data_ptr() != first.data_ptr()
+
+
+def test_every_path_this_cpu_runs_agrees_with_the_others():
+    """On torch's AVX-512 packing, the BF16 and the plain AVX-512 paths (whichever this CPU has) give each row
+    within one bf16 rounding of each other."""
+    if torch.backends.cpu.get_cpu_capability() != "AVX512" or int4_kernel._int4 is None:
+        pytest.skip("needs torch's AVX-512 packing and the built kernel")
+    codes = [getattr(int4_kernel._int4, int4_kernel._CODES[name]) for name in int4_kernel.PATHS["AVX512"]]
+    codes = [c for c in codes if int4_kernel._int4.features() >> c & 1]
+    if not codes:
+        pytest.skip("this CPU has no AVX-512 path")
+    packed, scales, weight = random_int4(640, 1024, 128)
+    x = torch.randn(5, 1024, generator=torch.Generator().manual_seed(9)).to(torch.bfloat16)
+    exact = x.double() @ weight.t()
+    for code in codes:
+        y = torch.empty(5, 640, dtype=torch.bfloat16)
+        int4_kernel._int4.mm(packed.data_ptr(), scales.data_ptr(), x.data_ptr(), y.data_ptr(), 5, 640, 1024, 128, code)
+        assert (y.double() - exact).abs().max() <= exact.abs().max() * 2 ** -7
+
+
+@pytest.mark.skipif(int4_kernel._int4 is None or not int4_kernel._int4.features() >> 2 & 1,
+                    reason="needs the built kernel and AVX2 + FMA")
+def test_the_avx2_path_passes_these_tests_on_torchs_avx2_packing():
+    """A laptop without AVX-512: torch packs its AVX2 layout, and the AVX2 path runs every test above."""
+    env = dict(os.environ, ATEN_CPU_CAPABILITY="avx2", PONDER_INT4_KERNEL="avx2")
+    probe = subprocess.run([sys.executable, "-c", "from models import int4_kernel; print(int4_kernel.kernel_name())"],
+                           env=env, capture_output=True, text=True, timeout=120)
+    assert probe.stdout.strip() == "ponder avx2", probe.stderr
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
+                          "not avx2_path_passes"], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:]
