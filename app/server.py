@@ -4,8 +4,9 @@
 Requests queue on the worker's one engine thread (shared with the window when the server runs inside the app),
 so a long answer makes the next request wait, never fail. A client that disconnects, streaming or not, sets
 its request's cancel Event at once; the engine stops within one decode step, or skips the request if it was
-still queued. Local by default (127.0.0.1); an optional API key (`Authorization: Bearer`). The wire format
-lives in `app.openai_schema`; this module knows HTTP, not the engine's internals.
+still queued. Local by default (127.0.0.1); every request first passes `app.server_guard` (Host, Origin,
+Content-Type), and an API key (`Authorization: Bearer`) is optional on loopback and required elsewhere. The wire
+format lives in `app.openai_schema`; this module knows HTTP, not the engine's internals.
 """
 from __future__ import annotations
 
@@ -32,10 +33,10 @@ from core.events import DoneEvent, TokenEvent
 from . import openai_schema as schema
 from .engine_worker import EngineNotReady, EngineWorker, Generation, QueueFull
 from .openai_schema import ApiError, Limits
+from .server_guard import Guard, is_loopback
 
 log = logging.getLogger(__name__)
 API_KEY_ENV = "PONDER_API_KEY"
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def _engine_error(err: Exception) -> ApiError:
@@ -205,7 +206,7 @@ async def _server_error(request: Request, err: Exception) -> JSONResponse:
 
 
 def create_app(worker: EngineWorker, *, api_key: str | None = None, limits: Limits = Limits()) -> Starlette:
-    """The ASGI app serving `worker`'s engine."""
+    """The ASGI app serving `worker`'s engine (without the guard: `LocalServer` adds it)."""
     api = OpenAIApi(worker, api_key=api_key, limits=limits)
     routes = [
         Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
@@ -234,12 +235,18 @@ class LocalServer:
     the app and in tests) or in the calling thread (`run`, for `ponder serve`, where Ctrl+C stops it)."""
 
     def __init__(self, worker: EngineWorker, *, host: str = "127.0.0.1", port: int = 8080, api_key: str | None = None,
-                 limits: Limits = Limits(), log_level: str = "warning"):
+                 limits: Limits = Limits(), log_level: str = "warning", allow_hosts: tuple[str, ...] = (),
+                 allow_origins: tuple[str, ...] = ()):
+        if not api_key and not is_loopback(host):
+            raise ValueError(f"Listening on {host or 'every address'} needs an API key (--api-key or "
+                             f"{API_KEY_ENV}): anyone who can reach this computer could use the model.")
         self.host, self.api_key = host, api_key
         self._sock = bind(host, port)
         self.port = self._sock.getsockname()[1]
-        config = uvicorn.Config(create_app(worker, api_key=api_key, limits=limits), log_level=log_level,
-                                timeout_graceful_shutdown=2, lifespan="off")
+        app = Guard(create_app(worker, api_key=api_key, limits=limits), bound_host=host, allow_hosts=allow_hosts,
+                    allow_origins=allow_origins)
+        config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=2, lifespan="off",
+                                proxy_headers=False, server_header=False)
         self._server = uvicorn.Server(config)
         self._thread: threading.Thread | None = None
 
@@ -274,7 +281,8 @@ class LocalServer:
 
 
 class InAppServer:
-    """The window's switch: the server on 127.0.0.1:port over the window's engine worker, or off."""
+    """The window's switch: the server on 127.0.0.1:port over the window's engine worker, or off; the same guard
+    as `ponder serve` (origins allowed by PONDER_ALLOW_ORIGINS, comma-separated)."""
 
     def __init__(self, worker: EngineWorker):
         self.worker = worker
@@ -289,7 +297,9 @@ class InAppServer:
         if self.server is not None and (not on or self.server.port != port):
             self.stop()
         if on and self.server is None:
-            server = LocalServer(self.worker, port=port, api_key=os.environ.get(API_KEY_ENV) or None)
+            origins = tuple(os.environ.get("PONDER_ALLOW_ORIGINS", "").split(","))
+            server = LocalServer(self.worker, port=port, api_key=os.environ.get(API_KEY_ENV) or None,
+                                 allow_origins=origins)
             try:
                 server.start()
             except OSError:

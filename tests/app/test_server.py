@@ -249,6 +249,10 @@ def test_ponder_serve_serves_an_installed_model_until_interrupted(tiny_store, po
     taken.close()
     assert busy.returncode == 1 and "cannot listen" in busy.stderr
     assert subprocess.run(command + ["70000"], capture_output=True, cwd=root, env=env, timeout=120).returncode == 2
+    keyless = {k: v for k, v in env.items() if k != "PONDER_API_KEY"}
+    open_to_all = subprocess.run(command + ["0", "--host", "0.0.0.0"], capture_output=True, text=True, cwd=root,
+                                 env=keyless, timeout=120)
+    assert open_to_all.returncode == 2 and "needs an API key" in open_to_all.stderr
     proc = subprocess.Popen(command + ["0"], stderr=subprocess.PIPE, text=True, cwd=root, env=env)
     try:
         lines = []
