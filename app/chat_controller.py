@@ -16,8 +16,8 @@ from pathlib import Path
 from PySide6.QtCore import QObject, Signal
 
 from core.events import PhaseEvent
-from core.prompts import reasoning_prompts
-from core.store import KEEP, ChatStore, ReplyWriter, export_json, export_markdown
+from core.prompting.prompts import reasoning_prompts
+from core.storage.chats import KEEP, ChatStore, ReplyWriter, export_json, export_markdown
 
 from .replies import LiveReply, ReplyOptions, answer_meta, history, sampling_of
 from .settings import AppSettings, chat_sampling, load_settings, save_settings

@@ -55,7 +55,7 @@ class EngineService(QObject):
             self.worker.engine = engine
         self._store = store
         if store is not None and worker is None:
-            from core.adapter_library import AdapterLibrary
+            from core.adapters.library import AdapterLibrary
 
             self.worker.library = AdapterLibrary(store=store)
         self._cancel: threading.Event | None = None
@@ -83,7 +83,7 @@ class EngineService(QObject):
 
     def _load(self):
         from core.loading import load_engine
-        from core.model_store import ModelStore
+        from core.storage.model_store import ModelStore
         from models.registry import KNOWN_MODELS
 
         store = self._store or ModelStore()
@@ -130,7 +130,7 @@ class EngineService(QObject):
     # --- adapters -------------------------------------------------------------------------------------
     @property
     def library(self):
-        """The adapter library (core.adapter_library.AdapterLibrary): list, import, export, rename, remove."""
+        """The adapter library (core.adapters.library.AdapterLibrary): list, import, export, rename, remove."""
         return self.worker.library
 
     def adapter_names(self) -> dict:

@@ -85,9 +85,9 @@ class EngineWorker:
 
     @property
     def library(self):
-        """The core.adapter_library.AdapterLibrary adapters are looked up in (the user's, by default)."""
+        """The core.adapters.library.AdapterLibrary adapters are looked up in (the user's, by default)."""
         if self._library is None:
-            from core.adapter_library import AdapterLibrary
+            from core.adapters.library import AdapterLibrary
 
             self._library = AdapterLibrary()
         return self._library

@@ -44,9 +44,9 @@ def run_gui() -> int:
     from PySide6.QtGui import QIcon
     from PySide6.QtWidgets import QApplication, QMessageBox
 
-    from core import paths
     from core.config import EngineConfig
-    from core.store import ChatStore, NewerDatabaseError
+    from core.storage import paths
+    from core.storage.chats import ChatStore, NewerDatabaseError
     from ui.main_window import MainWindow
     from ui.theme import apply_theme, follow_system
 

@@ -55,7 +55,7 @@ class ModelService(QObject):
     @property
     def store(self):
         if self._store is None:
-            from core.model_store import ModelStore
+            from core.storage.model_store import ModelStore
 
             self._store = ModelStore()
         return self._store

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from core.config import SamplingConfig
 from core.events import Answer, TokenEvent
-from core.voting import vote
+from core.reasoning.voting import vote
 
 from .engine_worker import Generation
 

@@ -101,7 +101,7 @@ def check_kernels() -> str:
 
 def check_scorer() -> str:
     """math-verify (and its LaTeX grammar) parses and compares answers."""
-    from core.voting import is_correct
+    from core.reasoning.voting import is_correct
 
     if not is_correct("The answer is \\boxed{0.5}", "\\frac{1}{2}") or is_correct("\\boxed{4}", "3"):
         raise RuntimeError("math-verify compares wrongly")
@@ -110,7 +110,7 @@ def check_scorer() -> str:
 
 def check_database() -> str:
     """The chat database (sqlite) opens, writes and reads."""
-    from core.store import ChatStore
+    from core.storage.chats import ChatStore
 
     with tempfile.TemporaryDirectory(prefix="ponder-selftest-") as tmp:
         store = ChatStore(Path(tmp) / "chats.db")
@@ -126,7 +126,7 @@ def check_adapter() -> str:
     """Turning the LoRA adapter off gives the base model's logits exactly; on, different logits."""
     import torch
 
-    from core import adapters
+    from core.adapters import lora as adapters
     from core.tiny import make_model
 
     model = make_model(448)
@@ -167,7 +167,7 @@ def check_generation() -> str:
 
 def check_resources() -> str:
     """The bundled resources (prompts, shipped adapter and heads, icons) are present."""
-    from core.paths import resource_dir
+    from core.storage.paths import resource_dir
 
     root = resource_dir()
     missing = [f for f in RESOURCE_FILES if not (root / f).is_file()]

@@ -115,7 +115,7 @@ class AppSettings:
     """Enter sends the message (Shift+Enter: a new line); off: Enter is a new line. Ctrl+Enter always sends."""
     decode: str = "dense"
     """Efficient decode: 'dense', 'griffin' (each prompt keeps half the feed-forward neurons) or
-    'griffin+caprese' (plus the model's low-rank recovery branches); core.sparse_ff, core.caprese."""
+    'griffin+caprese' (plus the model's low-rank recovery branches); core.sparse.ff, core.sparse.caprese."""
 
     def __post_init__(self):
         if self.mode not in MODES:

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-STOP_FILE = "STOP"  # same name as core.checkpoint.STOP_FILE; app need not import torch to write it
+STOP_FILE = "STOP"  # same name as core.training.checkpoint.STOP_FILE; app need not import torch to write it
 
 
 def ponder_command() -> list[str]:
@@ -121,9 +121,9 @@ def check_data(path, model_id: str, *, kind: str = "skill", max_tokens: int = 10
                csv_columns: tuple[str, str] | None = None, bins: int = 10):
     """(DataReport, token histogram) of a training file, read with the installed model's tokenizer. Blocking: the
     wizard calls it from a worker thread."""
+    from core.data.train import token_histogram, validate_file
     from core.loading import load_tokenizer
-    from core.model_store import ModelStore
-    from core.train_data import token_histogram, validate_file
+    from core.storage.model_store import ModelStore
 
     report = validate_file(Path(path), load_tokenizer(ModelStore().get(model_id).hf_dir), kind=kind,
                            max_tokens=max_tokens, csv_columns=csv_columns)
@@ -131,7 +131,7 @@ def check_data(path, model_id: str, *, kind: str = "skill", max_tokens: int = 10
 
 
 def validate_adapter_name(name: str) -> str:
-    """The adapter library's name rule, for the wizard (ui/ does not import core.adapter_library)."""
-    from core.adapter_library import validate_adapter_name as check
+    """The adapter library's name rule, for the wizard (ui/ does not import core.adapters.library)."""
+    from core.adapters.library import validate_adapter_name as check
 
     return check(name)

@@ -1,6 +1,6 @@
 """Decode-attention microbenchmark: one query token per row against a cache of T tokens, with the 0.5B's shapes
 (14 query heads, 2 KV heads, head size 64, bf16), through transformers' SDPA path and through Ponder's
-`core.attention.decode_attention`; the largest error of each against float64 and the time per layer call.
+`core.decode.attention.decode_attention`; the largest error of each against float64 and the time per layer call.
 
 `python -m bench.attention [--json]`; writes bench/results/attention.json and attention.md.
 """
@@ -12,7 +12,7 @@ import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from bench.machine import cpu_name, per_call_s, write_results
-from core.attention import decode_attention
+from core.decode.attention import decode_attention
 from core.loading import set_threads
 
 CONTEXTS = (64, 300, 1024, 4096, 8192)

@@ -85,9 +85,9 @@ def run_hf(dtype_name: str, model_id: str, tokens: int, runs: int) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from core.chat_format import build_prompt_ids
     from core.loading import load_tokenizer, set_threads
-    from core.model_store import ModelStore
+    from core.prompting.chat_format import build_prompt_ids
+    from core.storage.model_store import ModelStore
 
     set_threads(None)
     hf = ModelStore().get(model_id).hf_dir
@@ -113,7 +113,7 @@ def run_hf(dtype_name: str, model_id: str, tokens: int, runs: int) -> dict:
 
 def long_prompt(tokenizer, tokens: int) -> str:
     """A user message whose chat prompt is `tokens` tokens long (within a few)."""
-    from core.chat_format import build_prompt_ids
+    from core.prompting.chat_format import build_prompt_ids
 
     words = (FILLER * (tokens // 40 + 2)).split(" ")
     lo, hi = 1, len(words)
@@ -181,7 +181,7 @@ def kv_allocation(engine, contexts=(2048, 8192)) -> dict:
     steps (buffers as they lie in memory, not bytes per token times tokens)."""
     import torch
 
-    from core.cache import allocated_bytes, new_cache
+    from core.decode.cache import allocated_bytes, new_cache
 
     out = {}
     for n in contexts:
@@ -203,9 +203,9 @@ def kv_allocation(engine, contexts=(2048, 8192)) -> dict:
 def run_llama_cpp(model_id: str, tokens: int, runs: int, repack: bool) -> dict:
     import llama_cpp
 
-    from core.chat_format import build_prompt_ids
     from core.loading import load_tokenizer
-    from core.model_store import ModelStore
+    from core.prompting.chat_format import build_prompt_ids
+    from core.storage.model_store import ModelStore
 
     m = ModelStore().get(model_id)
     gguf = m.folder / "model.gguf"
@@ -258,7 +258,7 @@ def run_llama_cpp(model_id: str, tokens: int, runs: int, repack: bool) -> dict:
 def prepare(name: str, model_id: str) -> None:
     from core.config import EngineConfig
     from core.loading import load_model
-    from core.model_store import ModelStore
+    from core.storage.model_store import ModelStore
 
     precision, kv, head_bits, group = PONDER_SYSTEMS[default_system(model_id) if name in VARIANTS else name]
     load_model(ModelStore().get(model_id), EngineConfig(model_id=model_id, precision=precision, kv=kv,

@@ -1,8 +1,8 @@
 """Top-1 agreement of Ponder's decode step with transformers' own path on the same weights.
 
 Teacher-forced over GSM8K train solutions (one token a step after a 24-token prefill, int8 KV cache), the next
-token each path ranks first: Ponder's (`core.attention` one-token attention, `core.lean_layers`, the LoRA
-fast path of `core.lora_fast`) against transformers' SDPA attention, its decoder layers and peft's LoRA
+token each path ranks first: Ponder's (`core.decode.attention` one-token attention, `core.decode.lean_layers`, the LoRA
+fast path of `core.adapters.lora_fast`) against transformers' SDPA attention, its decoder layers and peft's LoRA
 forward, with the adapters off (base) and with the reasoning adapter on. Disagreements are near-ties that
 float rounding order decides (both attentions are within 0.008 of a float64 reference; `bench.attention`).
 
@@ -23,7 +23,7 @@ PREFIX = 24
 
 
 def main(argv=None) -> int:
-    from core.cache import new_cache
+    from core.decode.cache import new_cache
     from core.loading import load_engine
 
     p = argparse.ArgumentParser(prog="python -m bench.decode_agreement")

@@ -21,7 +21,7 @@ from bench.machine import cpu_name
 from bench.quant import RESULTS, held_rows
 from bench.quant_fidelity import compare
 from core.loading import calibration_batches, load_plain, load_tokenizer, set_threads, shipped_fpt_spec
-from core.model_store import ModelStore
+from core.storage.model_store import ModelStore
 from models.fpt import apply_fpt
 from models.gptq import dequantize, gptq_layers
 from models.quantization import packs_int4

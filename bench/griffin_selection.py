@@ -22,11 +22,13 @@ from pathlib import Path
 import torch
 
 from bench.machine import cpu_name
-from core import adapters, sparse_ff
-from core.cache import new_cache
-from core.caprese_e2e import griffin_masks, kl_after, trainable_model
+from core.adapters import lora as adapters
 from core.config import EngineConfig
-from core.sft_data import encode_example, load_examples
+from core.data.sft import encode_example, load_examples
+from core.decode.cache import new_cache
+from core.sparse import ff as sparse_ff
+from core.sparse.caprese_e2e import griffin_masks, kl_after
+from core.training.sparse_fit import trainable_model
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"

@@ -65,7 +65,7 @@ def agreement(rows: int) -> dict:
     import json
     from pathlib import Path
 
-    from core.cache import new_cache
+    from core.decode.cache import new_cache
     from core.loading import load_engine
 
     data = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k" / "train.jsonl"

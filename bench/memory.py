@@ -41,7 +41,7 @@ def window_case(model_id: str) -> dict:
     from app.engine_service import EngineService
     from core.config import EngineConfig
     from core.memory import rss_mb
-    from core.store import ChatStore
+    from core.storage.chats import ChatStore
     from ui.main_window import MainWindow
 
     app = QApplication.instance() or QApplication([])

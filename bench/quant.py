@@ -28,9 +28,9 @@ import torch
 from bench.machine import cpu_name
 from bench.quant_fidelity import compare, log_probs, rows_of
 from core.config import EngineConfig
+from core.data.sft import read_jsonl
 from core.loading import load_model, load_tokenizer, quantized_dir
-from core.model_store import ModelStore
-from core.sft_data import read_jsonl
+from core.storage.model_store import ModelStore
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -50,7 +50,7 @@ BOXED = "Solve the problem step by step, then put the final answer in \\boxed{}.
 
 def held_rows(tokenizer) -> list[tuple[list[int], int]]:
     """(prompt + reply ids, index predicting the reply's first token): GSM8K, MATH and Alpaca replies."""
-    from core.chat_format import DEFAULT_SYSTEM
+    from core.prompting.chat_format import DEFAULT_SYSTEM
 
     rows = rows_of(tokenizer, 40, 1000)
     pairs = [(r["problem"], r["solution"]) for r in read_jsonl(DATA / "math" / "train.jsonl", 1020)[1000:]]
@@ -78,7 +78,7 @@ def accuracy(row: str, data: str, n: int, model_id: str) -> dict:
     path = DATA / ("gsm8k/test.jsonl" if data == "gsm8k" else "math500/test.jsonl")
     out = RESULTS / "quant_eval" / f"{row}_{data}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "core.evaluate", "--data", str(path), "--limit", str(n), "--mode", "base",
+    cmd = [sys.executable, "-m", "core.evaluation.evaluate", "--data", str(path), "--limit", str(n), "--mode", "base",
            "--batch", "8", "--system", BOXED, "--max-tokens", "320", "--precision", precision, "--kv", kv,
            "--group-size", str(group), "--model", model_id, "--out", str(out), "--json", "--progress"]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)

@@ -18,12 +18,12 @@ from pathlib import Path
 import torch
 
 from bench.machine import cpu_name
-from core.cache import new_cache
-from core.chat_format import DEFAULT_SYSTEM
 from core.config import EngineConfig
-from core.datasets import load_items
+from core.data.datasets import load_items
+from core.decode.cache import new_cache
 from core.loading import load_plain, load_tokenizer
-from core.model_store import ModelStore
+from core.prompting.chat_format import DEFAULT_SYSTEM
+from core.storage.model_store import ModelStore
 from models.quantization import quantize_model
 
 RESULTS = Path(__file__).resolve().parent / "results"

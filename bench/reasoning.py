@@ -24,11 +24,11 @@ def median_of(fn, runs):
 
 
 def main(argv=None) -> int:
-    from core.cache import new_cache
     from core.config import EngineConfig, SamplingConfig
-    from core.decode import prefill
+    from core.decode.cache import new_cache
+    from core.decode.prefill import prefill
     from core.loading import load_engine
-    from core.prompts import reasoning_system
+    from core.prompting.prompts import reasoning_system
 
     p = argparse.ArgumentParser(prog="python -m bench.reasoning")
     p.add_argument("--runs", type=int, default=9)

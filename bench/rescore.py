@@ -1,4 +1,4 @@
-"""Re-score saved `ponder eval --out` results with the current scorer (`core.voting`), from their saved text.
+"""Re-score saved `ponder eval --out` results with the current scorer (`core.reasoning.voting`), from their saved text.
 
     python -m bench.rescore                      # every bench/results/eval_*.json
     python -m bench.rescore bench/results/eval_math500_reason_greedy.json
@@ -17,11 +17,12 @@ import os
 import statistics
 from pathlib import Path
 
-from core.datasets import load_items
-from core.voting import METHODS, is_correct, score_candidates, vote
+from core.data.datasets import load_items
+from core.reasoning.voting import METHODS, is_correct, score_candidates, vote
 
 RESULTS = Path(__file__).parent / "results"
-SCORER = "core.voting.is_correct: math-verify on the whole reply, verify(gold, answer); last number only for integer golds"
+SCORER = ("core.reasoning.voting.is_correct: math-verify on the whole reply, verify(gold, answer); last number only for "
+          "integer golds")
 FIGURES = ("accuracy", "accuracy_weighted", "accuracy_majority", "accuracy_best", "pass_at_n")
 
 

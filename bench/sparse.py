@@ -41,7 +41,7 @@ def accuracy(mode: str, n: int, model_id: str) -> dict:
     """`ponder eval --decode mode` in its own process: Reason mode, greedy, budget 256, batch 8."""
     out = RESULTS / "sparse_eval" / f"{mode}_gsm8k.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "core.evaluate", "--data", str(DATA / "gsm8k" / "test.jsonl"), "--limit", str(n),
+    cmd = [sys.executable, "-m", "core.evaluation.evaluate", "--data", str(DATA / "gsm8k" / "test.jsonl"), "--limit", str(n),
            "--mode", "reason", "--budget", str(BUDGET), "--batch", "8", "--decode", mode, "--model", model_id,
            "--out", str(out), "--json", "--progress"]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)

@@ -46,7 +46,7 @@ def _int4_calls_recorded():
     """Ponder's own int4 kernel is no torch op: name its calls for the profiler while it runs."""
     import torch
 
-    import core.fused_decode
+    import core.decode.fused
     import models.quantization
 
     plain = models.int4_kernel.int4_mm
@@ -55,21 +55,21 @@ def _int4_calls_recorded():
         with torch.profiler.record_function("ponder::int4_mm"):
             return plain(*args)
 
-    core.fused_decode.int4_mm = models.quantization.int4_mm = recorded
+    core.decode.fused.int4_mm = models.quantization.int4_mm = recorded
     try:
         yield
     finally:
-        core.fused_decode.int4_mm = models.quantization.int4_mm = plain
+        core.decode.fused.int4_mm = models.quantization.int4_mm = plain
 
 
 def profile_step(model_id: str, rows: int, steps: int, reasoning: bool) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from core.cache import new_cache
-    from core.chat_format import build_prompt_ids
     from core.config import EngineConfig
+    from core.decode.cache import new_cache
     from core.loading import load_engine
+    from core.prompting.chat_format import build_prompt_ids
 
     precision, kv, head_bits, group = PONDER_SYSTEMS[default_system(model_id)]
     engine = load_engine(EngineConfig(model_id=model_id, precision=precision, kv=kv, head_bits=head_bits,
@@ -127,7 +127,7 @@ def profile_step(model_id: str, rows: int, steps: int, reasoning: bool) -> dict:
     return {
         "model": model_id, "cpu": cpu_name(), "rows": rows, "steps": steps, "reasoning": reasoning,
         "int4_decode_kernel": models.int4_kernel.kernel_name(),
-        "path": "core.fused_decode" if fused is not None else "transformers modules (core.lean_layers)",
+        "path": "core.decode.fused" if fused is not None else "transformers modules (core.decode.lean_layers)",
         "int4_weight_mb": round(sum(p.data.numel() + p.scales.numel() * 2 for p in engine.fused.parts()) / 2**20, 1)
         if engine.fused is not None else None,
         "step_ms": round(step_ms, 2), "tok_s": round(rows * 1000 / step_ms, 1),

@@ -186,7 +186,7 @@ def scripted_long(tokens: int = 2000, rate: float = 25.0) -> dict:
     from app.chat_controller import ChatController
     from app.engine_service import EngineService
     from core.events import Answer, DoneEvent, RouteDecision, TokenEvent
-    from core.store import ChatStore
+    from core.storage.chats import ChatStore
     from tests.ui.scripted_engine import ScriptedEngine, _stats
     from ui.main_window import MainWindow
 
@@ -262,7 +262,7 @@ def main(argv=None) -> int:
     from app.chat_controller import ChatController
     from app.engine_service import EngineService
     from core.config import EngineConfig
-    from core.store import ChatStore
+    from core.storage.chats import ChatStore
     from ui.main_window import MainWindow
 
     app = QApplication.instance() or QApplication([])

@@ -13,7 +13,7 @@ import json
 import statistics
 from pathlib import Path
 
-from core.voting import vote
+from core.reasoning.voting import vote
 
 METHODS = ("majority", "weighted", "best")
 

@@ -8,8 +8,8 @@ from models.registry import DEFAULT_MODEL_ID, default_precision
 
 KV_FORMATS = ("bf16", "int8")
 DECODE_MODES = ("dense", "griffin", "griffin+caprese", "cats", "cats+caprese")
-"""Decode-step feed-forward: dense; GRIFFIN's per-prompt neuron selection (core.sparse_ff); CATS's per-layer
-activation threshold (core.cats); either with Caprese's low-rank branches (core.caprese) giving back what the
+"""Decode-step feed-forward: dense; GRIFFIN's per-prompt neuron selection (core.sparse.ff); CATS's per-layer
+activation threshold (core.sparse.cats); either with Caprese's low-rank branches (core.sparse.caprese) giving back what the
 sparsity drops."""
 
 
@@ -77,9 +77,9 @@ class EngineConfig:
     """Name of the reasoning adapter in the adapter library; None = the user's component or the shipped one."""
     decode: str = "dense"
     """Feed-forward of decode steps: 'dense'; 'griffin' (GRIFFIN: the prompt picks the `ff_keep` share of each
-    layer's neurons with the strongest activations, and decoding runs only those; core.sparse_ff); 'cats' (the
-    model's calibrated thresholds zero weak activations; core.cats); '…+caprese' (plus the model's Caprese
-    branches for that sparsity, at the share they were fitted for; core.caprese)."""
+    layer's neurons with the strongest activations, and decoding runs only those; core.sparse.ff); 'cats' (the
+    model's calibrated thresholds zero weak activations; core.sparse.cats); '…+caprese' (plus the model's Caprese
+    branches for that sparsity, at the share they were fitted for; core.sparse.caprese)."""
     ff_keep: float = 0.5
     """Share of feed-forward neurons GRIFFIN keeps (0 < ff_keep <= 1)."""
 
@@ -107,7 +107,7 @@ class SftArgs:
     """Adapter SFT (two-pass masked LoRA on the quantized base): reasoning or skill adapters."""
 
     data: tuple[str, ...] = ()
-    """Training files: GSM8K/MATH/trace JSONL (reasoning), or any `core.train_data` format (skill)."""
+    """Training files: GSM8K/MATH/trace JSONL (reasoning), or any `core.data.train` format (skill)."""
     out: str = ""
     """Folder the adapter is saved to (peft safetensors + ponder_adapter.json + train_log.jsonl)."""
     name: str = ""

@@ -1,13 +1,13 @@
 """The Engine: owns model, tokenizer, adapter, switcher, verifier and KV caches; streams answers.
 
-Every request is one base-model prefill (adapter off), then the one decode loop of `core.rows`: one row for a
+Every request is one base-model prefill (adapter off), then the one decode loop of `core.decode.rows`: one row for a
 chat answer (`stream`), N rows forked from that prefill for parallel answers (`parallel`), K left-padded
 prompts for evaluation (`generate_batch`). In reasoning mode a row thinks (adapter on) up to its budget, then
 answers; at the budget the engine closes the trace itself and forces the answer. A reasoning answer asked
 for with a `trace_key` keeps its cache in memory under that key, so `think_longer` can reopen that trace
 without re-encoding it; when it is gone (a restart, another model) `think_longer` rebuilds it from the stored
 text. Exactly one thread calls an Engine; cancellation is a `threading.Event` checked every decode step.
-Adapters (`core.adapter_slots`) switch without reloading the model: the reasoning adapter thinks, a skill
+Adapters (`core.adapters.slots`) switch without reloading the model: the reasoning adapter thinks, a skill
 adapter (by name) answers base-mode requests; the prompt is always encoded by the base model.
 The engine knows nothing about files or Qt.
 """
@@ -22,20 +22,21 @@ from dataclasses import dataclass
 
 import torch
 
-from . import adapters, lean_layers
-from .adapter_slots import AdapterChoice, AdapterSlots, Loaded
-from .attention import use_decode_attention
-from .cache import cache_bytes, crop, fork, new_cache
-from .chat_format import DEFAULT_SYSTEM, build_prompt_ids, stop_token_ids
-from .config import SamplingConfig
-from .events import Answer, Candidate, DoneEvent, GenerationStats, RouteDecision, TokenEvent
-from .fused_decode import FusedDecoder
-from .markers import ReasoningMarkers
-from .prompts import reasoning_system
-from .rows import Row, decode_rows, new_row
-from .sampling import make_generator
-from .sparse_ff import SparsePlan, missing_parts, plan_for, prefill_selection
-from .voting import extract_answer, vote
+from core.adapters import lora as adapters
+from core.adapters.slots import AdapterChoice, AdapterSlots, Loaded
+from core.config import SamplingConfig
+from core.decode import lean_layers
+from core.decode.attention import use_decode_attention
+from core.decode.cache import cache_bytes, crop, fork, new_cache
+from core.decode.fused import FusedDecoder
+from core.decode.rows import Row, decode_rows, new_row
+from core.decode.sampling import make_generator
+from core.events import Answer, Candidate, DoneEvent, GenerationStats, RouteDecision, TokenEvent
+from core.prompting.chat_format import DEFAULT_SYSTEM, build_prompt_ids, stop_token_ids
+from core.prompting.markers import ReasoningMarkers
+from core.prompting.prompts import reasoning_system
+from core.reasoning.voting import extract_answer, vote
+from core.sparse.ff import SparsePlan, missing_parts, plan_for, prefill_selection
 
 MODES = ("auto", "reason", "base")
 MAX_STREAMS = 8
@@ -78,17 +79,17 @@ class Engine(AdapterChoice):
         self.precision = precision
         self.kv = kv
         self.decode, self.ff_keep = decode, ff_keep
-        """Decode steps' feed-forward: 'dense', 'griffin' (each prompt's top `ff_keep` neurons, core.sparse_ff) or
+        """Decode steps' feed-forward: 'dense', 'griffin' (each prompt's top `ff_keep` neurons, core.sparse.ff) or
         'griffin+caprese' (with `caprese`'s low-rank branches, at the share they were fitted for)."""
         self.caprese: dict = {}
-        """core.caprese.Branches of this model by the sparsity they recover ('griffin', 'cats')."""
+        """core.sparse.caprese.Branches of this model by the sparsity they recover ('griffin', 'cats')."""
         self.cats: dict | None = None
-        """This model's CATS calibration (core.cats: `thresholds` per layer), when it has one."""
+        """This model's CATS calibration (core.sparse.cats: `thresholds` per layer), when it has one."""
         self.context = min(context, int(getattr(model.config, "max_position_embeddings", context)))
         self.eos_ids = stop_token_ids(tokenizer)
         self.router = router
         self.verifier = None
-        """A core.verifier.Verifier scoring parallel reasoning answers, when one is loaded."""
+        """A core.reasoning.verifier.Verifier scoring parallel reasoning answers, when one is loaded."""
         self.markers = ReasoningMarkers.for_tokenizer(tokenizer)
         self.last_cache = None
         self._traces: OrderedDict[str, _Trace] = OrderedDict()
@@ -114,7 +115,7 @@ class Engine(AdapterChoice):
         return prefill_selection(self.model, cache, self.sparse_plan(), mask)
 
     def sparse_plan(self) -> SparsePlan | None:
-        """What `decode` asks for, as far as this model has the parts (core.sparse_ff.plan_for)."""
+        """What `decode` asks for, as far as this model has the parts (core.sparse.ff.plan_for)."""
         return plan_for(self.decode, self.ff_keep, self.cats, self.caprese)
 
     def missing_for_decode(self) -> str | None:

@@ -13,21 +13,21 @@ from pathlib import Path
 import psutil
 import torch
 
+from core.adapters import lora as adapters
+from core.adapters.library import AdapterError, AdapterLibrary
+from core.config import EngineConfig
+from core.engine import Engine
+from core.memory import settle_heap
+from core.reasoning.router import Router
+from core.reasoning.verifier import Verifier
+from core.sparse import caprese, cats
+from core.storage.model_store import InstalledModel, ModelStore
+from core.storage.paths import resource_dir
 from models.convert import AtomicDir
 from models.errors import CorruptModelFile
 from models.fpt import fpt_of, transform_head
 from models.fpt_calibration import quantize_w4_fpt
 from models.quantization import GROUP_SIZE, load_quantized, quant_info, quantize_model, save_quantized
-
-from . import adapters, caprese, cats
-from .adapter_library import AdapterError, AdapterLibrary
-from .config import EngineConfig
-from .engine import Engine
-from .memory import settle_heap
-from .model_store import InstalledModel, ModelStore
-from .paths import resource_dir
-from .router import Router
-from .verifier import Verifier
 
 log = logging.getLogger(__name__)
 Progress = Callable[[str, int, int], None]

@@ -72,7 +72,7 @@ def write_tiny_hf(folder: Path) -> Path:
 
 def make_reasoning_engine(vocab_size: int = 448):
     """An Engine on the tiny model with a random (non-zero) reasoning adapter attached."""
-    from core import adapters
+    from core.adapters import lora as adapters
     from core.engine import Engine
 
     model = adapters.attach_new(make_model(vocab_size), rank=4)

@@ -254,7 +254,7 @@ def transform_head(head: nn.Module, spec: FptSpec) -> nn.Module:
     """A switcher/verifier head (Standardize then Linear on the final normed hidden state) rewritten in place to
     read the transformed model's state: x_old = x_new·Fᵀ with F = diag(γ_final)·Q, so the first linear becomes
     W·diag(1/σ)·F, the mean μ·F⁻ᵀ and σ = 1. Exact up to float rounding. (Heads trained on a transformed model
-    are trained on features mapped back first: core.head_training.original_basis.)"""
+    are trained on features mapped back first: core.training.heads.original_basis.)"""
     if spec.rotation is None:
         return head
     feature = spec.gamma_final[:, None] * spec.rotation  # F

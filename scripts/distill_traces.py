@@ -3,7 +3,7 @@
     python -m scripts.distill_traces --eval run.json --data ../shared/data/gsm8k/train.jsonl --out traces.jsonl
 
 Run the eval on *training* questions (never the test set you report on). Rows are re-scored from their text with
-the current scorer (`core.voting.is_correct`), not taken from the file's `correct` flags.
+the current scorer (`core.reasoning.voting.is_correct`), not taken from the file's `correct` flags.
 """
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import json
 import sys
 from pathlib import Path
 
-from core.datasets import load_items
-from core.sft_data import traces_from_eval
-from core.voting import is_correct
+from core.data.datasets import load_items
+from core.data.sft import traces_from_eval
+from core.reasoning.voting import is_correct
 
 
 def main(argv=None) -> int:

@@ -18,8 +18,8 @@ import torch
 
 from bench.machine import cpu_name
 from core.loading import CALIBRATION_FILE, calibration_batches, load_plain, set_threads, source_sha256
-from core.model_store import ModelStore
-from core.paths import resource_dir
+from core.storage.model_store import ModelStore
+from core.storage.paths import resource_dir
 from models.fpt_calibration import calibrate
 
 

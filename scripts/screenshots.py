@@ -57,9 +57,9 @@ def main() -> int:
     from app.chat_controller import ChatController, ReplyOptions
     from app.engine_service import EngineService
     from app.model_service import ModelService
-    from core import paths
     from core.config import EngineConfig
-    from core.store import ChatStore
+    from core.storage import paths
+    from core.storage.chats import ChatStore
     from ui.main_window import MainWindow
     from ui.settings_dialog import SettingsDialog
     from ui.theme import apply_theme

@@ -139,14 +139,14 @@ def main(argv=None) -> int:
     from app.model_service import ModelService
     from bench.machine import cpu_name
     from core.config import EngineConfig
-    from core.store import ChatStore
+    from core.storage.chats import ChatStore
     from ui.main_window import MainWindow
 
     app = QApplication.instance() or QApplication([])
     loop = qasync.QEventLoop(app)
     asyncio.set_event_loop(loop)
-    from core.adapter_library import AdapterError, AdapterLibrary
-    from core.paths import data_dir
+    from core.adapters.library import AdapterError, AdapterLibrary
+    from core.storage.paths import data_dir
 
     try:  # a rerun trains the demo adapter again under the same name, from scratch
         AdapterLibrary().remove(EngineConfig().model_id, args.name)

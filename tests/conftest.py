@@ -43,7 +43,7 @@ def ponder_home(tmp_path, monkeypatch) -> Path:
 
 @pytest.fixture
 def store(ponder_home):
-    from core.model_store import ModelStore
+    from core.storage.model_store import ModelStore
 
     return ModelStore()
 
@@ -51,7 +51,7 @@ def store(ponder_home):
 @pytest.fixture(scope="session")
 def tiny_store_root(tmp_path_factory, tiny_hf_dir) -> Path:
     """A store with the tiny model installed, shared by the session (tests copy it when they write)."""
-    from core.model_store import ModelStore
+    from core.storage.model_store import ModelStore
 
     root = tmp_path_factory.mktemp("store")
     ModelStore(root).import_hf(tiny_hf_dir, TINY_ID)
@@ -60,7 +60,7 @@ def tiny_store_root(tmp_path_factory, tiny_hf_dir) -> Path:
 
 @pytest.fixture
 def tiny_store(ponder_home, tiny_store_root):
-    from core.model_store import ModelStore
+    from core.storage.model_store import ModelStore
 
     root = ponder_home / "data" / "models"
     shutil.copytree(tiny_store_root, root, dirs_exist_ok=True)

@@ -231,7 +231,7 @@ class LinePlot(PlotAxes):
 
 
 class BarPlot(PlotAxes):
-    """A histogram: bars over (lo, hi) bins with a count each (e.g. core.train_data.token_histogram)."""
+    """A histogram: bars over (lo, hi) bins with a count each (e.g. core.data.train.token_histogram)."""
 
     INTEGER_X = INTEGER_Y = True
 

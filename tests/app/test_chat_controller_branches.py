@@ -6,8 +6,8 @@ import pytest
 
 from app.chat_controller import ChatController, ReplyOptions
 from app.engine_service import EngineService
-from core.chat_format import DEFAULT_SYSTEM
-from core.store import ChatStore
+from core.prompting.chat_format import DEFAULT_SYSTEM
+from core.storage.chats import ChatStore
 from tests.qt_helpers import run_until
 from tests.tiny import make_reasoning_engine
 from tests.ui.scripted_engine import ScriptedEngine

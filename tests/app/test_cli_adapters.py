@@ -5,8 +5,8 @@ import zipfile
 import pytest
 import torch
 
-from core import adapters
-from core.adapter_library import AdapterLibrary
+from core.adapters import lora as adapters
+from core.adapters.library import AdapterLibrary
 from tests.app.test_cli import ponder
 from tests.conftest import TINY_ID
 from tests.tiny import make_model

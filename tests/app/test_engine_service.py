@@ -51,7 +51,7 @@ def test_load_failure_reported_not_raised(loop, store):
 
 
 def test_a_skipped_damaged_adapter_reaches_the_user(loop, tiny_store):
-    from core import adapters
+    from core.adapters import lora as adapters
     from core.config import EngineConfig
     from tests.conftest import TINY_ID
     from tests.tiny import make_model

@@ -12,7 +12,7 @@ import torch
 from app.engine_worker import EngineWorker
 from app.openai_schema import Limits
 from app.server import LocalServer
-from core.verifier import Verifier
+from core.reasoning.verifier import Verifier
 from models.heads import VerifierHead
 from tests.tiny import make_reasoning_engine
 

@@ -2,7 +2,7 @@
 import pytest
 
 from app.settings import BUDGET_CHOICES, REASONING_MEASURED, AppSettings, budget_note, from_dict, load_settings, save_settings
-from core.store import ChatStore
+from core.storage.chats import ChatStore
 from models.registry import KNOWN_MODELS
 
 

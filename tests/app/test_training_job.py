@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from app.training_job import TrainingJob, ponder_command
-from core.adapter_library import AdapterLibrary
+from core.adapters.library import AdapterLibrary
 
 MODEL = ["--model-id", "tiny-qwen2", "--precision", "bf16", "--rank", "4", "--eval-tokens", "6", "--json-progress"]
 

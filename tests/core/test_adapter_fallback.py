@@ -1,7 +1,7 @@
 """A damaged or mismatched reasoning adapter never stops the model from loading: it is skipped with a warning."""
 import pytest
 
-from core import adapters
+from core.adapters import lora as adapters
 from core.config import EngineConfig
 from core.loading import load_engine
 from tests.conftest import TINY_ID

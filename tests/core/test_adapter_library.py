@@ -6,8 +6,8 @@ import zipfile
 
 import pytest
 
-from core import adapters
-from core.adapter_library import AdapterError, AdapterLibrary, validate_adapter_name
+from core.adapters import lora as adapters
+from core.adapters.library import AdapterError, AdapterLibrary, validate_adapter_name
 from tests.conftest import TINY_ID
 from tests.tiny import make_model
 

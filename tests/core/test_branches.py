@@ -5,7 +5,7 @@ import json
 
 import sqlite_utils
 
-from core.store import (
+from core.storage.chats import (
     MIGRATIONS,
     SCHEMA_VERSION,
     ChatStore,

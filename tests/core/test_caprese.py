@@ -1,11 +1,12 @@
-"""Caprese branches (core.caprese): the closed-form fit, the FPT basis, and the engine decoding with them."""
+"""Caprese branches (core.sparse.caprese): the closed-form fit, the FPT basis, and the engine decoding with them."""
 import copy
 
 import torch
 
-from core import caprese, sparse_ff
 from core.config import SamplingConfig
-from core.sft_data import SftExample
+from core.data.sft import SftExample
+from core.sparse import caprese
+from core.sparse import ff as sparse_ff
 from models.fpt import apply_fpt
 from tests.models.test_fpt import float_model, random_spec, run
 from tests.tiny import make_reasoning_engine
@@ -119,7 +120,7 @@ def test_trained_branches_cut_the_sparse_error_and_the_engine_decodes_with_them(
 
 
 def test_cats_thresholds_hit_the_target_sparsity_and_zero_is_dense():
-    from core import cats
+    from core.sparse import cats
 
     torch.manual_seed(0)
     samples = [torch.rand(10000), torch.rand(10000) * 4]
@@ -130,17 +131,17 @@ def test_cats_thresholds_hit_the_target_sparsity_and_zero_is_dense():
     mlp = sparse_ff._layers(engine.model)[0].mlp
     x = torch.randn(2, 1, 128, dtype=torch.bfloat16)
     with torch.inference_mode():
-        assert torch.equal(cats.CatsBlock(mlp, 0.0)(x), mlp(x))
+        assert torch.equal(sparse_ff.CatsBlock(mlp, 0.0)(x), mlp(x))
         h = mlp.act_fn(mlp.gate_proj(x)).abs().float()
         half = float(h.flatten().kthvalue(h.numel() // 2).values)
-        block = cats.CatsBlock(mlp, half)
+        block = sparse_ff.CatsBlock(mlp, half)
         kept = mlp.act_fn(mlp.gate_proj(x)).masked_fill(h < half, 0)
         assert abs((kept == 0).float().mean().item() - 0.5) < 0.02
         torch.testing.assert_close(block(x), mlp.down_proj(kept * mlp.up_proj(x)))
 
 
 def test_cats_calibrated_and_recovered_in_the_engine(tmp_path):
-    from core import cats
+    from core.sparse import cats
 
     engine = make_reasoning_engine()
     thresholds = cats.calibrate(engine, EXAMPLES, 0.5)
@@ -156,7 +157,7 @@ def test_cats_calibrated_and_recovered_in_the_engine(tmp_path):
             engine.decode = decode
             answer = engine.generate("What is 2+2?", GREEDY, mode="reason", budget=4, answer_max_tokens=4)
             blocks = engine.last_cache.ff_selection.blocks[0]
-            assert answer.token_ids and all(isinstance(b, cats.CatsBlock) for b in blocks)
+            assert answer.token_ids and all(isinstance(b, sparse_ff.CatsBlock) for b in blocks)
             assert all((b.branch is not None) == with_branch for b in blocks)
         list(engine.parallel("What is 2+2?", GREEDY, n=2, mode="reason", budget=3, answer_max_tokens=3))
         engine.cats = None

@@ -1,10 +1,11 @@
-"""Caprese's end-to-end stage (core.caprese_e2e) on the tiny model: the training block is the inference block, a
+"""Caprese's end-to-end stage (core.sparse.caprese_e2e) on the tiny model: the training block is the inference block, a
 full keep with zero branches is the dense model, and training lowers the KL to the dense model."""
 import pytest
 import torch
 
-from core import caprese, caprese_e2e, sparse_ff
-from core.sft_data import encode_example
+from core.data.sft import encode_example
+from core.sparse import caprese, caprese_e2e
+from core.sparse import ff as sparse_ff
 from tests.core.test_caprese import EXAMPLES
 from tests.tiny import make_reasoning_engine
 
@@ -64,7 +65,7 @@ def test_end_to_end_training_lowers_the_kl_and_keeps_the_best_branches():
 
 
 def test_end_to_end_trains_cats_branches_and_stops_when_asked():
-    from core import cats
+    from core.sparse import cats
 
     engine = make_reasoning_engine()
     model = engine.model

@@ -1,4 +1,4 @@
-from core.chat_format import build_prompt_ids, normalise_messages, stop_token_ids
+from core.prompting.chat_format import build_prompt_ids, normalise_messages, stop_token_ids
 from tests.tiny import make_tokenizer
 
 TOK = make_tokenizer()

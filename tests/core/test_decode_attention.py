@@ -5,9 +5,9 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from core import adapters
-from core.attention import NAME, decode_attention
-from core.cache import new_cache
+from core.adapters import lora as adapters
+from core.decode.attention import NAME, decode_attention
+from core.decode.cache import new_cache
 from core.engine import Engine
 from tests.tiny import make_model, make_tokenizer
 
@@ -116,7 +116,7 @@ def test_the_fast_lora_path_computes_what_peft_computes():
 
 @pytest.mark.parametrize("kv", ["bf16", "int8"])
 def test_lean_decoder_layers_give_transformers_logits_and_hidden_states(kv):
-    from core import lean_layers
+    from core.decode import lean_layers
 
     model = random_lora_model().to(torch.bfloat16).eval()
     Engine(model, make_tokenizer(), model_id="tiny", context=256, adapter_name="reasoning")

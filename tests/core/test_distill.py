@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import json
 
-from core.datasets import Item
-from core.distill import Sample, pick_trace, trace_row
-from core.sft_data import encode_example, example_from_row
+from core.data.datasets import Item
+from core.data.sft import encode_example, example_from_row
+from core.training.distill import Sample, pick_trace, trace_row
 from tests.conftest import TINY_ID
 
 GSM = [{"question": f"What is {a} + {b}?", "answer": f"{a} + {b} = {a + b}\n#### {a + b}"}
@@ -68,8 +68,8 @@ def test_ponder_eval_runs_the_library_adapter_it_is_given_and_refuses_a_missing_
     import torch
 
     from app.cli import run_cli
-    from core import adapters
-    from core.adapter_library import AdapterLibrary
+    from core.adapters import lora as adapters
+    from core.adapters.library import AdapterLibrary
     from core.loading import load_plain
 
     folder = tmp_path / "fresh"

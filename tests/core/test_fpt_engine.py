@@ -7,10 +7,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from core import adapters
+from core.adapters import lora as adapters
 from core.config import EngineConfig
-from core.head_training import original_basis
 from core.loading import load_model, load_plain, quantized_dir
+from core.training.heads import original_basis
 from models.fpt import FptSpec, apply_fpt
 from tests.models.test_fpt import float_model, random_spec, run
 

@@ -4,11 +4,11 @@ import copy
 
 import torch
 
-from core import adapters
-from core.cache import new_cache
+from core.adapters import lora as adapters
 from core.config import SamplingConfig
+from core.decode.cache import new_cache
+from core.decode.fused import FusedDecoder
 from core.engine import Engine, collect
-from core.fused_decode import FusedDecoder
 from models.quantization import quantize_model
 from tests.tiny import make_model, make_tokenizer
 

@@ -9,11 +9,11 @@ import time
 import pytest
 import torch
 
-from core.cache import new_cache
 from core.config import SamplingConfig
+from core.decode.cache import new_cache
+from core.decode.rows import new_row
 from core.events import DoneEvent, TokenEvent
-from core.rows import new_row
-from core.verifier import Verifier
+from core.reasoning.verifier import Verifier
 from models.heads import VerifierHead
 from tests.tiny import make_reasoning_engine
 
@@ -195,7 +195,7 @@ def test_a_trace_closed_inside_a_token_is_not_kept(engine, text, exact):
     """When the model closes its trace with a token like " </" (the tiny tokenizer's merge; Qwen's has ".</") the
     cache ends before text the trace shows: that trace is not kept, so think longer rebuilds it from the text
     rather than continue from a different one."""
-    from core.rows import _Step
+    from core.decode.rows import _Step
 
     tok = engine.tokenizer
     row = new_row(0, tok, engine.markers, GREEDY, reasoning=True, think_limit=50, answer_limit=5)

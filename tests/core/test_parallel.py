@@ -2,11 +2,11 @@
 import pytest
 import torch
 
-from core import adapters
+from core.adapters import lora as adapters
 from core.config import SamplingConfig
 from core.engine import Engine
 from core.events import DoneEvent, PhaseEvent, TokenEvent
-from core.verifier import Verifier
+from core.reasoning.verifier import Verifier
 from models.heads import VerifierHead, chunk_ema, load_head, save_head
 from tests.tiny import make_model, make_tokenizer
 

@@ -3,7 +3,7 @@ import pytest
 
 from core.config import SamplingConfig
 from core.events import TokenEvent
-from core.prompts import reasoning_system
+from core.prompting.prompts import reasoning_system
 from tests.tiny import make_reasoning_engine
 
 GREEDY = SamplingConfig(temperature=0, repetition_penalty=1.0, max_tokens=20)
@@ -68,7 +68,7 @@ def test_reasoning_starts_from_the_prefill_logits(reasoning_engine):
 def test_auto_routed_to_base_answers_exactly_like_base_mode(reasoning_engine):
     """Auto prefills `<think>\\n` too; when the switcher says no, the cache is cropped back and the logits
     before `<think>` are used, so the answer is the base mode's, token for token."""
-    from core.router import Router
+    from core.reasoning.router import Router
     from models.heads import SwitcherHead
 
     hidden = reasoning_engine.model.config.hidden_size

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from core.config import SamplingConfig
-from core.sampling import apply_repetition_penalty, filter_top_k_top_p, make_generator, sample_next
+from core.decode.sampling import apply_repetition_penalty, filter_top_k_top_p, make_generator, sample_next
 
 
 def test_greedy_is_argmax():
@@ -48,7 +48,7 @@ def test_config_validation():
 
 @pytest.mark.parametrize("top_k,top_p", [(40, 0.9), (0, 0.95), (0, 0.5), (300, 0.9), (10, 1.0), (500, 1.0)])
 def test_shortlist_keeps_exactly_what_the_full_filter_keeps(top_k, top_p):
-    from core.sampling import shortlist
+    from core.decode.sampling import shortlist
 
     torch.manual_seed(0)
     logits = torch.randn(4, 5000) * 4  # peaked enough that most nuclei fit in the shortlist
@@ -65,7 +65,7 @@ def test_shortlist_keeps_exactly_what_the_full_filter_keeps(top_k, top_p):
 
 
 def test_wide_nucleus_falls_back_to_the_full_sort():
-    from core.sampling import shortlist
+    from core.decode.sampling import shortlist
 
     flat = torch.zeros(2, 5000)  # uniform: the 0.9 nucleus holds 4500 tokens
     assert shortlist(flat, 0, 0.9) is None

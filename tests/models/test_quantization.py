@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from core.cache import new_cache
 from core.config import EngineConfig
+from core.decode.cache import new_cache
 from core.loading import load_model, quantized_dir
 from models.quantization import install_fast_kernels, load_quantized, quantize_model
 from tests.tiny import make_model

@@ -147,7 +147,7 @@ DISK_FULL_SCRIPT = """
 import resource, signal, sys
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
-from core.model_store import ModelStore
+from core.storage.model_store import ModelStore
 from models.errors import DiskFull
 try:
     ModelStore(sys.argv[1]).import_hf(sys.argv[2], "tiny")

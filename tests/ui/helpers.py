@@ -1,7 +1,7 @@
 """The window on a scripted engine and a real chat store: building it, asking, waiting."""
 from app.chat_controller import ChatController
 from app.engine_service import EngineService
-from core.store import ChatStore
+from core.storage.chats import ChatStore
 from tests.qt_helpers import run_until
 from ui.main_window import MainWindow
 

@@ -8,7 +8,7 @@ import time
 from collections import OrderedDict
 
 from core.events import Answer, Candidate, DoneEvent, GenerationStats, RouteDecision, TokenEvent
-from core.voting import vote
+from core.reasoning.voting import vote
 
 KEPT_TRACES = 4
 
@@ -107,7 +107,7 @@ class ScriptedEngine:
             raise ValueError("reasoning needs the reasoning adapter, which is not loaded")
         if self.think_error is not None:
             raise self.think_error
-        from core.prompts import reasoning_prompts
+        from core.prompting.prompts import reasoning_prompts
 
         opener = reasoning_prompts()["think_longer"]  # streamed first, as the engine does
         yield TokenEvent(opener, "thinking", len(thinking.split()))

@@ -7,8 +7,8 @@ import pytest
 import torch
 from PySide6.QtCore import Qt
 
-from core import adapters
-from core.adapter_library import AdapterLibrary
+from core.adapters import lora as adapters
+from core.adapters.library import AdapterLibrary
 from core.loading import load_plain
 from tests.conftest import TINY_ID
 from ui import adapters_dialog, dialogs

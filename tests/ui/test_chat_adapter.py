@@ -10,10 +10,10 @@ import torch
 from app.chat_controller import ChatController
 from app.engine_service import EngineService
 from app.settings import load_settings, save_settings
-from core.adapter_library import AdapterLibrary
+from core.adapters.library import AdapterLibrary
 from core.engine import Engine
 from core.loading import load_plain, load_tokenizer
-from core.store import ChatStore
+from core.storage.chats import ChatStore
 from tests.conftest import TINY_ID
 from tests.qt_helpers import run_until
 from tests.ui.test_adapters_dialog import make_adapter

@@ -11,7 +11,7 @@ from app.chat_controller import ChatController
 from app.engine_service import EngineService
 from app.model_service import ModelService
 from app.settings import AppSettings, load_settings
-from core.store import ChatStore
+from core.storage.chats import ChatStore
 from tests.conftest import TINY_ID
 from tests.qt_helpers import run_until
 from tests.ui.helpers import make_window, wait_idle

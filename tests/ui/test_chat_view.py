@@ -9,7 +9,7 @@ from PySide6.QtGui import QEnterEvent, QTextCursor
 from PySide6.QtWidgets import QApplication
 
 from app.chat_controller import LiveReply
-from core.store import Message
+from core.storage.chats import Message
 from tests.qt_helpers import run_until
 from tests.ui.helpers import ask, make_window
 from tests.ui.scripted_engine import ScriptedEngine

@@ -118,7 +118,7 @@ def test_a_question_asked_while_the_model_loads_is_sent_when_it_is_ready(qtbot, 
 
     from app.chat_controller import ChatController
     from app.engine_service import EngineService
-    from core.store import ChatStore
+    from core.storage.chats import ChatStore
     from tests.qt_helpers import run_until
     from tests.ui.scripted_engine import ScriptedEngine
     from ui.main_window import MainWindow
@@ -147,7 +147,7 @@ def test_a_question_asked_while_the_model_loads_is_sent_when_it_is_ready(qtbot, 
 def test_a_question_asked_when_no_model_loads_goes_back_into_the_box(qtbot, loop, tmp_path):
     from app.chat_controller import ChatController
     from app.engine_service import EngineService
-    from core.store import ChatStore
+    from core.storage.chats import ChatStore
     from ui.main_window import MainWindow
 
     service = EngineService()

@@ -3,7 +3,7 @@ from app.chat_controller import ChatController
 from app.engine_service import EngineService
 from app.model_service import ModelService
 from core.config import EngineConfig
-from core.store import ChatStore
+from core.storage.chats import ChatStore
 from ui import dialogs
 from ui.main_window import MainWindow
 

@@ -6,9 +6,9 @@ import pytest
 from app.chat_controller import ChatController
 from app.engine_service import EngineService
 from app.settings import budget_note
-from core import adapters
+from core.adapters import lora as adapters
 from core.engine import Engine
-from core.store import ChatStore
+from core.storage.chats import ChatStore
 from tests.qt_helpers import run_until
 from tests.tiny import make_model, make_tokenizer
 from ui.composer import BUDGET_TIP

@@ -4,7 +4,7 @@ from app.engine_service import EngineService
 from app.model_service import ModelService
 from core.config import EngineConfig
 from core.machine_fit import ModelChoice
-from core.store import ChatStore
+from core.storage.chats import ChatStore
 from tests.conftest import TINY_ID
 from ui.main_window import MainWindow
 

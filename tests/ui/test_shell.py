@@ -12,7 +12,7 @@ from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QApplication
 
 from app.settings import load_settings
-from core.store import ChatStore
+from core.storage.chats import ChatStore
 from tests.ui.helpers import make_window, wait_idle
 from tests.ui.scripted_engine import ScriptedEngine
 from ui.composer import MAX_LINES, Composer

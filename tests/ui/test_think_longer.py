@@ -8,8 +8,8 @@ import pytest
 
 from app.chat_controller import ChatController
 from app.engine_service import EngineService
-from core.prompts import reasoning_prompts
-from core.store import ChatStore
+from core.prompting.prompts import reasoning_prompts
+from core.storage.chats import ChatStore
 from tests.qt_helpers import run_until
 from tests.ui.helpers import ask, make_window, wait_idle
 from tests.ui.scripted_engine import ScriptedEngine

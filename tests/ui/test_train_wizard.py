@@ -7,10 +7,10 @@ import json
 import pytest
 from PySide6.QtWidgets import QWizard
 
-from core.adapter_library import AdapterLibrary, validate_adapter_name
+from core.adapters.library import AdapterLibrary, validate_adapter_name
+from core.data.train import token_histogram, validate_file
 from core.loading import load_tokenizer
-from core.model_store import ModelStore
-from core.train_data import token_histogram, validate_file
+from core.storage.model_store import ModelStore
 from tests.conftest import TINY_ID
 from ui.dialogs import ConfirmDialog
 from ui.train_wizard import TrainWizard

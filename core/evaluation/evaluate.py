@@ -1,0 +1,214 @@
+"""`ponder eval`: accuracy, thinking/answer tokens, budget-forced share, TTFT and latency on a data file;
+`--route-only` measures the switcher alone (prefill + head). Also `python -m core.evaluation.evaluate`."""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from core.config import DECODE_MODES, KV_FORMATS, EngineConfig, SamplingConfig
+from core.data.datasets import load_items
+from core.decode.cache import new_cache
+from core.decode.prefill import prefill
+from core.events import DoneEvent
+from core.prompting.chat_format import DEFAULT_SYSTEM
+from core.prompting.prompts import reasoning_system
+from core.reasoning.voting import is_correct, score_candidates
+from models.quantization import GROUP_SIZE, GROUP_SIZES, PRECISIONS
+
+
+def run_one(engine, item, args, sampling):
+    kw = {"mode": args.mode, "budget": args.budget or None, "answer_max_tokens": args.answer_max_tokens}
+    if args.system:
+        kw["system"] = args.system
+    events = (engine.parallel(item.prompt, sampling, n=args.parallel, **kw) if args.parallel > 1
+              else engine.stream(item.prompt, sampling, **kw))
+    for event in events:
+        if isinstance(event, DoneEvent):
+            return event.answer
+    raise RuntimeError("no answer")
+
+
+def batched_rows(engine, items, args) -> list[dict]:
+    """Greedy rows for `--batch K`: K questions decoded together (same rules as one at a time)."""
+    reasoning = args.mode == "reason"
+    greedy = SamplingConfig(temperature=0, top_k=0, top_p=1.0, repetition_penalty=1.0, max_tokens=args.max_tokens)
+    rows = []
+    for start in range(0, len(items), args.batch):
+        chunk = items[start:start + args.batch]
+        t = time.perf_counter()
+        answers = engine.generate_batch([i.prompt for i in chunk], greedy, mode=args.mode, budget=args.budget or None,
+                                        answer_max_tokens=args.answer_max_tokens, system=args.system or DEFAULT_SYSTEM)
+        results = [{"text": a.text, "thinking": a.thinking, "thinking_tokens": a.thinking_tokens,
+                    "answer_tokens": a.answer_tokens, "budget_forced": a.budget_forced} for a in answers]
+        per_question = (time.perf_counter() - t) / len(chunk)
+        for item, r in zip(chunk, results, strict=True):
+            rows.append({"index": getattr(args, "offset", 0) + len(rows), "correct": is_correct(r["text"], item.gold),
+                         "thinking_tokens": r["thinking_tokens"], "text": r["text"], "thinking": r["thinking"],
+                         "answer_tokens": r["answer_tokens"], "budget_forced": r["budget_forced"], "ttft_s": 0.0,
+                         "latency_s": per_question, "reasoned": reasoning})
+        if getattr(args, "out", None):
+            write_json(args.out, {**summarize(engine, rows, args, args.batch), "partial": len(rows) < len(items),
+                                  "questions": rows})
+        if args.progress:
+            acc = sum(r["correct"] for r in rows) / len(rows)
+            print(f"[{len(rows)}/{len(items)}] acc {acc:.3f} {per_question:.1f}s/question", file=sys.stderr, flush=True)
+    return rows
+
+
+def evaluate(engine, items, args) -> dict:
+    greedy = args.parallel == 1 and args.temperature == 0
+    batch = getattr(args, "batch", 1)
+    if batch > 1 and not (greedy and args.mode in ("base", "reason")):
+        raise ValueError("--batch works for greedy single answers in base or reason mode")
+    rows = batched_rows(engine, items, args) if batch > 1 else []
+    for k, item in enumerate(items if batch <= 1 else []):
+        sampling = SamplingConfig(temperature=args.temperature, top_p=0.95 if not greedy else 1.0, top_k=0,
+                                  repetition_penalty=1.0, max_tokens=args.max_tokens,
+                                  seed=None if args.seed is None else args.seed + k)
+        t = time.perf_counter()
+        answer = run_one(engine, item, args, sampling)
+        latency = time.perf_counter() - t
+        row = {"index": getattr(args, "offset", 0) + k, "correct": is_correct(answer.text, item.gold),
+               "thinking_tokens": answer.thinking_tokens, "text": answer.text, "thinking": answer.thinking,
+               "answer_tokens": answer.answer_tokens or answer.stats.completion_tokens,
+               "budget_forced": answer.budget_forced, "ttft_s": answer.stats.ttft_s, "latency_s": latency,
+               "reasoned": bool(answer.route and answer.route.reason)}
+        if answer.candidates:
+            row.update(score_candidates([{"answer": c.final_answer, "score": c.score, "text": c.text,
+                                          "thinking": c.thinking, "thinking_tokens": c.thinking_tokens}
+                                         for c in answer.candidates], item.gold))
+        rows.append(row)
+        if getattr(args, "out", None):  # a long run stopped early keeps what it measured
+            write_json(args.out, {**summarize(engine, rows, args, batch), "partial": len(rows) < len(items),
+                                  "questions": rows})
+        if args.progress:
+            acc = sum(r["correct"] for r in rows) / len(rows)
+            print(f"[{k + 1}/{len(items)}] acc {acc:.3f} latency {latency:.1f}s", file=sys.stderr, flush=True)
+    return {**summarize(engine, rows, args, batch), "questions": rows}
+
+
+def write_json(path: Path, data: dict) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    tmp.replace(path)
+
+
+def reasoning_adapter_name(engine) -> str | None:
+    slots = getattr(engine, "slots", None)
+    return getattr(slots.reasoning, "name", None) if slots is not None else None
+
+
+def summarize(engine, rows: list[dict], args, batch: int) -> dict:
+    mean = lambda key: statistics.fmean(r[key] for r in rows) if rows else 0.0  # noqa: E731
+    out = {"n": len(rows), "accuracy": mean("correct"), "mean_thinking_tokens": mean("thinking_tokens"),
+           "mean_answer_tokens": mean("answer_tokens"), "budget_forced_share": mean("budget_forced"),
+           "mean_latency_s": mean("latency_s"), "mean_ttft_s": mean("ttft_s"), "reasoned_share": mean("reasoned"),
+           "mode": args.mode, "budget": args.budget, "parallel": args.parallel, "vote": args.vote,
+           "temperature": args.temperature, "data": str(args.data), "model": engine.model_id,
+           "system": args.system, "batch": batch,
+           "adapter": reasoning_adapter_name(engine), "precision": engine.precision, "kv": engine.kv,
+           "group_size": getattr(args, "group_size", None), "decode": engine.decode,
+           "ff_keep": engine.ff_keep if engine.decode != "dense" else None}
+    if batch > 1:  # one prefill serves the whole batch: per-question TTFT is not measured
+        out["mean_ttft_s"] = None
+    if args.parallel > 1 and rows:
+        for method in ("weighted", "majority", "best"):
+            out[f"accuracy_{method}"] = mean(f"correct_{method}")
+        out["pass_at_n"] = mean("pass_at_n")
+        out["accuracy"] = out[f"accuracy_{args.vote}"]
+    return out
+
+
+@torch.inference_mode()
+def route_only(engine, items, expect: str, budget: int) -> dict:
+    if engine.router is None:
+        raise ValueError("no switcher is installed for this model")
+    hits, head_s, ttft = [], [], []
+    for item in items:
+        ids = engine.prompt_ids(item.prompt, reasoning_system(budget))
+        cache = new_cache(engine.model.config, engine.kv)
+        t = time.perf_counter()
+        with engine._base():
+            logits, hidden = prefill(engine.model, torch.tensor([ids]), cache, want_hidden=True)
+        logits.argmax(-1)
+        prefill_s = time.perf_counter() - t
+        decision = engine.route("auto", hidden)
+        hits.append(decision.reason == (expect == "reason"))
+        head_s.append(decision.latency_s)
+        ttft.append(prefill_s)
+    return {"n": len(items), "accuracy": statistics.fmean(hits), "expect": expect,
+            "mean_added_latency_s": statistics.fmean(head_s), "mean_prefill_s": statistics.fmean(ttft),
+            "added_latency_share_of_ttft": statistics.fmean(head_s) / statistics.fmean(ttft)}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ponder eval", description="Evaluate on a GSM8K/MATH/Alpaca JSONL file.")
+    p.add_argument("--data", required=True, type=Path)
+    p.add_argument("--limit", type=int, default=None)
+    p.add_argument("--offset", type=int, default=0)
+    p.add_argument("--mode", choices=("base", "reason", "auto"), default="reason")
+    p.add_argument("--budget", type=int, default=256, help="thinking budget, 0 = none")
+    p.add_argument("--answer-max-tokens", type=int, default=128)
+    p.add_argument("--max-tokens", type=int, default=320, help="cap for base-mode answers")
+    p.add_argument("--parallel", type=int, default=1)
+    p.add_argument("--batch", type=int, default=1,
+                   help="greedy only: decode K questions together for throughput (latency becomes per-batch / K)")
+    p.add_argument("--vote", choices=("weighted", "majority", "best"), default="weighted")
+    p.add_argument("--temperature", type=float, default=None, help="default: 0 for one stream, 0.7 for parallel")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--model", default=EngineConfig().model_id)
+    p.add_argument("--adapter", default=None, help="reasoning adapter from the library (default: the model's own)")
+    p.add_argument("--precision", choices=PRECISIONS, default=None, help="weights (default: the model's, as the app runs it)")
+    p.add_argument("--kv", choices=KV_FORMATS, default=EngineConfig().kv, help="KV cache format")
+    p.add_argument("--group-size", type=int, choices=GROUP_SIZES, default=GROUP_SIZE, help="int4 group size")
+    p.add_argument("--head-bits", type=int, choices=(4, 8), default=4, help="bits of the quantized LM head")
+    p.add_argument("--decode", choices=DECODE_MODES, default="dense",
+                   help="decode-step feed-forward: dense, or griffin (per-prompt sparse neurons)")
+    p.add_argument("--ff-keep", type=float, default=EngineConfig().ff_keep, help="share of neurons griffin keeps")
+    p.add_argument("--system", default=None, help="system prompt (default: Ponder's); e.g. ask base mode for \\boxed{}")
+    p.add_argument("--route-only", action="store_true", help="prefill + switcher only")
+    p.add_argument("--expect", choices=("reason", "base"), help="with --route-only: the right decision for the file")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--out", type=Path, default=None, help="also write the JSON result here")
+    p.add_argument("--progress", action="store_true")
+    return p
+
+
+def main(argv=None) -> int:
+    from core.loading import load_engine
+
+    args = build_parser().parse_args(argv)
+    if args.temperature is None:
+        args.temperature = 0.0 if args.parallel == 1 else 0.7
+    items = load_items(args.data, args.limit, args.offset)
+    engine = load_engine(EngineConfig(model_id=args.model, precision=args.precision, kv=args.kv,
+                                      group_size=args.group_size, head_bits=args.head_bits, decode=args.decode,
+                                      ff_keep=args.ff_keep, reasoning_adapter=args.adapter), reasoning=True)
+    if args.adapter and reasoning_adapter_name(engine) != args.adapter:
+        raise ValueError(f"the reasoning adapter '{args.adapter}' did not load: {' '.join(engine.warnings)}")
+    if args.route_only:
+        if not args.expect:
+            raise ValueError("--route-only needs --expect reason|base")
+        result = route_only(engine, items, args.expect, args.budget)
+    else:
+        if any(i.gold is None for i in items):
+            raise ValueError(f"{args.data} has no reference answers; use --route-only for chat prompts")
+        result = evaluate(engine, items, args)
+    summary = {k: v for k, v in result.items() if k != "questions"}  # per-question rows go to --out only
+    text = json.dumps(summary, indent=None if args.json else 2)
+    if args.out:
+        write_json(args.out, result)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

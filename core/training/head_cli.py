@@ -1,0 +1,78 @@
+"""`ponder train switcher|verifier`: collect features with the loaded engine and fit the head."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from core.config import EngineConfig
+from core.data.datasets import load_items
+
+
+def main(argv: list[str]) -> int:
+    import torch
+
+    from core.loading import load_engine
+    from core.training.heads import SAMPLING_TEMPERATURE, SAMPLING_TOP_P, train_switcher, train_verifier, verifier_data
+
+    what, rest = argv[0], argv[1:]
+    p = argparse.ArgumentParser(prog=f"ponder train {what}")
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--model", default=EngineConfig().model_id)
+    p.add_argument("--seed", type=int, default=0)
+    if what == "switcher":
+        p.add_argument("--reason-data", action="append", required=True, help="GSM8K/MATH JSONL (label: reason)")
+        p.add_argument("--chat-data", action="append", required=True, help="Alpaca JSONL (label: base)")
+        p.add_argument("--per-file", type=int, default=200, help="prompts taken from each file")
+        p.add_argument("--features-cache", type=Path, default=None, help="safetensors file to reuse pooled features")
+    else:
+        p.add_argument("--data", action="append", required=True, help="GSM8K/MATH JSONL with reference answers")
+        p.add_argument("--questions", type=int, default=60)
+        p.add_argument("--samples", type=int, default=4)
+        p.add_argument("--budget", type=int, default=256)
+        p.add_argument("--features-cache", type=Path, default=None,
+                       help="safetensors file keeping the sampled features and labels (reused when present)")
+    args = p.parse_args(rest)
+    say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    if what == "switcher":
+        engine = load_engine(EngineConfig(model_id=args.model), reasoning=False)
+        reason = [i for f in args.reason_data for i in load_items(f, args.per_file, shuffle_seed=args.seed)]
+        chat = [i for f in args.chat_data for i in load_items(f, args.per_file * len(args.reason_data))]
+        source = {"data": [f"{Path(f).parent.name}/{Path(f).name}" for f in args.reason_data + args.chat_data],
+                  "per_file": args.per_file, "seed": args.seed, "command": " ".join(["ponder", "train", what, *rest])}
+        metrics = train_switcher(engine, reason, chat, args.out, seed=args.seed, report=say,
+                                 features_cache=args.features_cache, source=source)
+    else:
+        engine = load_engine(EngineConfig(model_id=args.model), reasoning=True)
+        if not engine.can_reason:
+            raise ValueError("the verifier scores reasoning answers: install or train the reasoning adapter first")
+        per_file = max(1, args.questions // len(args.data))
+        items = [i for f in args.data for i in load_items(f, per_file, shuffle_seed=args.seed)]
+        started = time.monotonic()
+        if args.features_cache is not None and args.features_cache.is_file():
+            from safetensors.torch import load_file
+
+            saved = load_file(str(args.features_cache))
+            x, y, groups = saved["x"], saved["y"], saved["groups"]
+            sampling_seconds = saved["seconds"].item() if "seconds" in saved else None
+        else:
+            x, y, groups = verifier_data(engine, items, samples=args.samples, budget=args.budget, seed=args.seed,
+                                         report=say)
+            sampling_seconds = time.monotonic() - started
+            if args.features_cache is not None:
+                from safetensors.torch import save_file
+
+                save_file({"x": x.contiguous(), "y": y.contiguous(), "groups": groups.contiguous(),
+                           "seconds": torch.tensor([sampling_seconds], dtype=torch.float64)}, str(args.features_cache))
+        source = {"data": [f"{Path(f).parent.name}/{Path(f).name}" for f in args.data],
+                  "questions": args.questions, "samples": args.samples, "budget": args.budget, "seed": args.seed,
+                  "temperature": SAMPLING_TEMPERATURE, "top_p": SAMPLING_TOP_P,
+                  "command": " ".join(["ponder", "train", what, *rest]),
+                  "sampling_seconds": None if sampling_seconds is None else round(sampling_seconds)}
+        metrics = train_verifier(x, y, groups, args.out, hidden_size=x.shape[1], model_id=engine.model_id,
+                                 precision=engine.precision, seed=args.seed,
+                                 source=source)
+    print(json.dumps(metrics))
+    return 0

@@ -1,0 +1,272 @@
+"""Training the two tiny heads on the frozen quantized base: the switcher and the verifier.
+
+Features come from the same code paths inference uses (engine prefill for the switcher, the parallel
+decoder's verification step for the verifier), so what a head sees in training is what it sees in use.
+Heads train in seconds; collecting verifier data (sampling answers) is what takes time.
+"""
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+
+import torch
+
+from core.config import SamplingConfig
+from core.data.datasets import Item
+from core.decode.cache import new_cache
+from core.decode.prefill import prefill
+from core.prompting.prompts import reasoning_system
+from core.reasoning.voting import is_correct
+from models.fpt import fpt_of
+from models.heads import SwitcherHead, VerifierHead, chunk_ema, save_head
+
+
+@torch.inference_mode()
+def switcher_features(engine, prompts: list[str], budget: int = 256, chunk: int = 128, alpha: float = 0.5):
+    """Pooled last-layer prefill states (N, H), exactly as `auto` mode computes them."""
+    feats = []
+    for text in prompts:
+        ids = engine.prompt_ids(text, reasoning_system(budget))
+        cache = new_cache(engine.model.config, engine.kv)
+        with engine._base():
+            _, hidden = prefill(engine.model, torch.tensor([ids]), cache, want_hidden=True)
+        feats.append(chunk_ema(hidden[0], chunk, alpha))
+    return original_basis(engine.model, torch.stack(feats))
+
+
+def original_basis(model, x: torch.Tensor) -> torch.Tensor:
+    """Final hidden states of a transformed (w4-fpt) model as the untransformed model has them (x·Fᵀ), so heads are
+    trained and saved in one basis whatever precision they were trained on; loading moves them (models/fpt.py)."""
+    spec = fpt_of(model)
+    if spec is None or spec.rotation is None:
+        return x
+    return x.float() @ (spec.gamma_final[:, None] * spec.rotation).t()
+
+
+def fit_head(head, x: torch.Tensor, y: torch.Tensor, *, epochs: int, lr: float, noise: float = 0.0,
+             weight_decay: float = 1e-4, seed: int = 0):
+    torch.manual_seed(seed)
+    head.norm.fit(x)
+    pos = y.mean().clamp(0.05, 0.95)
+    loss_fn = torch.nn.BCEWithLogitsLoss(pos_weight=(1 - pos) / pos)
+    optim = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=weight_decay)
+    head.train()
+    for _ in range(epochs):
+        loss = loss_fn(head(x, noise=noise), y)
+        optim.zero_grad()
+        loss.backward()
+        optim.step()
+    head.eval()
+    return head
+
+
+def accuracy(head, x, y, threshold: float = 0.5) -> float:
+    with torch.no_grad():
+        return ((torch.sigmoid(head(x)) >= threshold).float() == y).float().mean().item()
+
+
+def pairwise_auc(s: torch.Tensor, y: torch.Tensor) -> float | None:
+    """P(a right answer's score beats a wrong one's), ties half; None without both kinds."""
+    pos, neg = s[y == 1], s[y == 0]
+    if len(pos) == 0 or len(neg) == 0:
+        return None
+    return ((pos[:, None] > neg[None, :]).float().mean() + 0.5 * (pos[:, None] == neg[None, :]).float().mean()).item()
+
+
+def auc(head, x, y) -> float | None:
+    with torch.no_grad():
+        return pairwise_auc(torch.sigmoid(head(x)), y)
+
+
+def split(n: int, val_share: float, seed: int):
+    idx = list(range(n))
+    random.Random(seed).shuffle(idx)
+    k = max(1, int(n * val_share))
+    return idx[k:], idx[:k]
+
+
+def train_switcher(engine, reason_items: list[Item], chat_items: list[Item], out: Path, *, seed: int = 0,
+                   noise: float = 0.5, val_share: float = 0.2, report=print, features_cache: Path | None = None,
+                   source: dict | None = None) -> dict:
+    """Fit the switcher on pooled prefill features of reasoning (1) and chat (0) prompts; `source` (data, command)
+    is saved in head.json beside the metrics so the shipped head says how it was made."""
+    from safetensors.torch import load_file, save_file
+
+    prompts = [i.prompt for i in reason_items] + [i.prompt for i in chat_items]
+    labels = torch.tensor([1.0] * len(reason_items) + [0.0] * len(chat_items))
+    source = dict(source or {})
+    if features_cache is not None and Path(features_cache).is_file():
+        x = load_file(str(features_cache))["x"]
+        if x.shape[0] != len(prompts):
+            raise ValueError(f"{features_cache} holds {x.shape[0]} feature rows, expected {len(prompts)}")
+    else:
+        t = time.perf_counter()
+        x = switcher_features(engine, prompts).float()
+        source["feature_seconds"] = round(time.perf_counter() - t)
+        report(f"features: {len(prompts)} prompts in {source['feature_seconds']}s")
+        if features_cache is not None:
+            save_file({"x": x.contiguous()}, str(features_cache))
+    tr, va = split(len(prompts), val_share, seed)
+    head = fit_head(SwitcherHead(x.shape[1]), x[tr], labels[tr], epochs=400, lr=1e-2, noise=noise, seed=seed)
+    metrics = {"train_accuracy": accuracy(head, x[tr], labels[tr]), "val_accuracy": accuracy(head, x[va], labels[va]),
+               "val_auc": auc(head, x[va], labels[va]), "n_train": len(tr), "n_val": len(va)}
+    save_head(head, out, {"kind": "switcher", "hidden_size": x.shape[1], "width": 8, "threshold": 0.5, "chunk": 128,
+                          "alpha": 0.5, "noise": noise, "model": engine.model_id, "precision": engine.precision,
+                          **metrics, "trained_on": source})
+    return metrics
+
+
+class _Capture:
+    """Stands in for the verifier while collecting data: keeps each hidden state, returns its index as 'score'."""
+
+    def __init__(self):
+        self.rows: list[torch.Tensor] = []
+
+    def scores(self, hidden: torch.Tensor) -> list[float]:
+        out = []
+        for h in hidden:
+            self.rows.append(h.float().clone())
+            out.append(float(len(self.rows) - 1))
+        return out
+
+
+SAMPLING_TEMPERATURE, SAMPLING_TOP_P = 0.7, 0.95
+"""How verifier training answers are sampled (as `ponder eval --parallel` samples)."""
+
+
+def verifier_data(engine, items: list[Item], *, samples: int = 4, budget: int = 256, answer_max_tokens: int = 128,
+                  temperature: float = SAMPLING_TEMPERATURE, seed: int = 0, report=print):
+    """Sample `samples` reasoning answers per question; label each by math-verify against the gold answer."""
+    capture, saved = _Capture(), engine.verifier
+    engine.verifier = capture
+    feats, labels, groups = [], [], []
+    try:
+        for k, item in enumerate(items):
+            cfg = SamplingConfig(temperature=temperature, top_p=SAMPLING_TOP_P, top_k=0, repetition_penalty=1.0, seed=seed + k)
+            answer = None
+            for event in engine.parallel(item.prompt, cfg, n=samples, mode="reason", budget=budget,
+                                         answer_max_tokens=answer_max_tokens):
+                answer = getattr(event, "answer", answer)
+            for c in answer.candidates:
+                if c.score is None:
+                    continue
+                feats.append(capture.rows[int(c.score)])
+                labels.append(1.0 if is_correct(c.text, item.gold) else 0.0)
+                groups.append(k)
+            report(f"{k + 1}/{len(items)} questions, {int(sum(labels))}/{len(labels)} correct so far")
+    finally:
+        engine.verifier = saved
+    return original_basis(engine.model, torch.stack(feats)), torch.tensor(labels), torch.tensor(groups)
+
+
+WEIGHT_DECAYS = (0.1, 1.0, 10.0, 30.0, 100.0)
+
+
+def group_split(groups: torch.Tensor, val_share: float, seed: int):
+    """Train/validation indices with every question's samples on one side (no leak between its answers)."""
+    ids = sorted(set(groups.tolist()))
+    random.Random(seed).shuffle(ids)
+    held = set(ids[: max(1, int(len(ids) * val_share))])
+    tr = [i for i, g in enumerate(groups.tolist()) if g not in held]
+    va = [i for i, g in enumerate(groups.tolist()) if g in held]
+    return tr, va
+
+
+def question_folds(groups: torch.Tensor, folds: int, seed: int):
+    """(train, held-out) index lists of k folds by question (a question's answers stay on one side); folds with
+    nothing on either side are left out."""
+    ids = sorted(set(groups.tolist()))
+    random.Random(seed).shuffle(ids)
+    for k in range(folds):
+        held = set(ids[k::folds])
+        va = [i for i, g in enumerate(groups.tolist()) if g in held]
+        tr = [i for i, g in enumerate(groups.tolist()) if g not in held]
+        if va and tr:
+            yield tr, va
+
+
+def pick_weight_decay(x: torch.Tensor, y: torch.Tensor, groups: torch.Tensor, hidden_size: int, folds: int = 5,
+                      seed: int = 0):
+    """The L2 strength with the best mean k-fold AUC (folds by question): a few hundred samples in 896
+    dimensions overfit easily."""
+    scores = {}
+    for wd in WEIGHT_DECAYS:
+        aucs = []
+        for tr, va in question_folds(groups, folds, seed):
+            head = fit_head(VerifierHead(hidden_size), x[tr], y[tr], epochs=300, lr=5e-3, weight_decay=wd, seed=seed)
+            a = auc(head, x[va], y[va])
+            if a is not None:
+                aucs.append(a)
+        scores[wd] = sum(aucs) / len(aucs) if aucs else 0.0
+    return max(scores, key=scores.get), scores
+
+
+def oof_logits(x: torch.Tensor, y: torch.Tensor, groups: torch.Tensor, hidden_size: int, weight_decay: float,
+               folds: int = 5, seed: int = 0) -> torch.Tensor:
+    """Each sample's logit from a head fitted on the other folds (folds by question)."""
+    scores = torch.empty(len(y))
+    for tr, va in question_folds(groups, folds, seed):
+        head = fit_head(VerifierHead(hidden_size), x[tr], y[tr], epochs=300, lr=5e-3, weight_decay=weight_decay,
+                        seed=seed)
+        with torch.no_grad():
+            scores[va] = head(x[va]).float()
+    return scores
+
+
+def within_question_auc_oof(x: torch.Tensor, y: torch.Tensor, groups: torch.Tensor, hidden_size: int,
+                            weight_decay: float, folds: int = 5, seed: int = 0,
+                            logits: torch.Tensor | None = None) -> dict:
+    """Out-of-fold (folds by question) AUC among each question's own answers, averaged over the questions with
+    both right and wrong ones: the ranking a weighted vote needs (0.5 is a coin), which the pooled AUC hides."""
+    scores = logits if logits is not None else oof_logits(x, y, groups, hidden_size, weight_decay, folds, seed)
+    per_question = [a for g in set(groups.tolist())
+                    if (a := pairwise_auc(scores[groups == g], y[groups == g])) is not None]
+    return {"auc": round(sum(per_question) / len(per_question), 3) if per_question else None,
+            "questions_with_both": len(per_question),
+            "note": f"{folds}-fold by question, weight decay {weight_decay}, out-of-fold scores"}
+
+
+def platt_scaling(logits: torch.Tensor, y: torch.Tensor, steps: int = 200) -> dict:
+    """(scale, shift) with sigmoid(scale·logit + shift) the best calibrated probability (log-loss) for out-of-fold
+    logits. A head fitted on a few hundred answers in 896 dimensions separates them perfectly and gives unseen
+    answers logits of ±20: its raw probabilities (1e-8 against 1e-5) make a weighted vote a best-of-N; scaled,
+    they are probabilities a vote can sum."""
+    z = logits.detach().double()
+    params = torch.zeros(2, dtype=torch.float64, requires_grad=True)
+    with torch.no_grad():
+        params[0] = 1.0 / max(float(z.std()), 1.0)
+    optim = torch.optim.LBFGS([params], max_iter=steps, line_search_fn="strong_wolfe")
+    target = y.double()
+
+    def closure():
+        optim.zero_grad()
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(params[0] * z + params[1], target)
+        loss.backward()
+        return loss
+
+    optim.step(closure)
+    scale, shift = (float(v) for v in params.detach())
+    return {"scale": round(scale, 6), "shift": round(shift, 6),
+            "note": "Platt scaling fitted on the out-of-fold logits: P(correct) = sigmoid(scale·logit + shift)"}
+
+
+def train_verifier(x: torch.Tensor, y: torch.Tensor, groups: torch.Tensor, out: Path, *, hidden_size: int,
+                   model_id: str, precision: str, seed: int = 0, val_share: float = 0.2,
+                   source: dict | None = None) -> dict:
+    """Fit on the training questions (L2 picked by cross-validation), report on held-out questions, save."""
+    tr, va = group_split(groups, val_share, seed)
+    wd, cv = pick_weight_decay(x[tr], y[tr], groups[tr], hidden_size, seed=seed)
+    head = fit_head(VerifierHead(hidden_size), x[tr], y[tr], epochs=300, lr=5e-3, weight_decay=wd, seed=seed)
+    metrics = {"train_accuracy": accuracy(head, x[tr], y[tr]), "val_accuracy": accuracy(head, x[va], y[va]),
+               "val_auc": auc(head, x[va], y[va]), "n_train": len(tr), "n_val": len(va),
+               "positive_share": y.mean().item(), "weight_decay": wd,
+               "cv_auc": {str(k): round(v, 4) for k, v in cv.items()}}
+    logits = oof_logits(x, y, groups, hidden_size, wd, seed=seed)
+    metrics["within_question_auc_oof"] = within_question_auc_oof(x, y, groups, hidden_size, wd, seed=seed,
+                                                                 logits=logits)
+    metrics["calibration"] = platt_scaling(logits, y)
+    save_head(head, out, {"kind": "verifier", "hidden_size": hidden_size, "model": model_id, "precision": precision,
+                          **metrics,
+                          "trained_on": source or {}})
+    return metrics

@@ -1,0 +1,364 @@
+"""Adapter SFT (reasoning or skill): setup → fit → evaluate → save, and the `ponder train sft` run around it
+(presets, run folder with resumable checkpoints, STOP file / signals, JSON progress events, the library).
+Also runs headless: `python -m core.training.sft --help`.
+
+Masked LoRA, two-pass form: each example's prompt is encoded by the base model with the adapter disabled
+and no gradient (its KV cache is then exactly what inference will reuse); the response runs with the
+adapter on that cache and is the only part with a loss. The base is the quantized model the app serves
+(W4 by default), so the adapter is quantization-aware by construction (the paper's QAMR).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import random
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from core.adapters import lora as adapters
+from core.config import SFT_PRESETS, EngineConfig, SftArgs
+from core.data.sft import encode_example, encode_record, load_examples
+from core.data.train import TrainRecord, split_held_out, validate_file
+from core.decode.cache import new_cache
+from core.events import TrainProgress
+from core.loading import load_model, load_tokenizer, set_threads
+from core.storage.model_store import ModelStore
+from core.storage.paths import data_dir
+from core.training.checkpoint import RunDir, load_checkpoint, restore_rng, rng_state, save_checkpoint
+from models.convert import AtomicDir
+from models.quantization import dequantized_copy
+
+PRESETS = SFT_PRESETS
+
+
+def masked_lora_loss(model, prompt: list[int], response: list[int]) -> torch.Tensor:
+    """Mean next-token loss on the response; the prompt runs base-only without gradient."""
+    cache = new_cache(model.config, "bf16")
+    with torch.no_grad(), adapters.base(model):
+        model(input_ids=torch.tensor([prompt]), cache=cache, use_cache=True, logits_to_keep=1)
+    inputs = torch.tensor([response[:-1]])
+    labels = torch.tensor(response[1:])
+    logits = model(input_ids=inputs, cache=cache, use_cache=True).logits[0].float()  # (T, V)
+    return torch.nn.functional.cross_entropy(logits, labels)
+
+
+def lr_at(step: int, total: int, peak: float, warmup_ratio: float) -> float:
+    warm = max(1, int(total * warmup_ratio))
+    if step < warm:
+        return peak * (step + 1) / warm
+    progress = (step - warm) / max(1, total - warm)
+    return peak * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+
+@dataclass
+class Prepared:
+    """A loaded base with a trainable adapter and the encoded training set."""
+
+    installed: object
+    tokenizer: object
+    model: torch.nn.Module
+    train: list[tuple[list[int], list[int]]]
+    held: list[TrainRecord] = field(default_factory=list)
+    data_hash: str | None = None
+
+
+def validated_records(args: SftArgs, tokenizer) -> tuple[list[TrainRecord], str]:
+    """Every record of every file, refusing files with problems (the first few are named with their lines)."""
+    reports = [validate_file(Path(p), tokenizer, kind=args.kind, max_tokens=args.max_tokens,
+                             csv_columns=tuple(args.csv_columns) if args.csv_columns else None) for p in args.data]
+    bad = [r for r in reports if not r.ok]
+    if bad:
+        raise ValueError(bad[0].summary())
+    records = [rec for r in reports for rec in r.records]
+    digest = reports[0].data_hash if len(reports) == 1 else hashlib.sha256(
+        "".join(r.data_hash for r in reports).encode()).hexdigest()
+    return records, digest
+
+
+def uses_validated_data(args: SftArgs) -> bool:
+    """Library/wizard runs read any checked format; the original `--out` reasoning runs read GSM8K/MATH rows."""
+    return bool(args.name or args.preset) or args.kind == "skill"
+
+
+def setup(args: SftArgs, store: ModelStore | None = None) -> Prepared:
+    store = store or ModelStore()
+    installed = store.get(args.model_id)
+    set_threads(args.threads)
+    torch.manual_seed(args.seed)
+    tokenizer = load_tokenizer(installed.hf_dir)
+    held, digest = [], None
+    if uses_validated_data(args):
+        records, digest = validated_records(args, tokenizer)
+        train, held = split_held_out(records, args.held_out, args.seed)
+        encoded = [encode_record(tokenizer, rec, args.kind) for rec in train]
+    else:
+        examples = load_examples([Path(p) for p in args.data], args.examples, args.seed)
+        encoded = [encode_example(tokenizer, ex) for ex in examples]
+        encoded = [(p, r) for p, r in encoded if len(r) <= args.max_response_tokens]
+    if not encoded:
+        raise ValueError("no usable training examples (check the data files and --max-response-tokens)")
+    base = load_model(installed, EngineConfig(model_id=args.model_id, precision=args.precision))
+    if args.precision.startswith("w"):
+        base = dequantized_copy(base)  # same function as the quantized base, dense kernels for backward
+    if args.init_adapter:
+        model = adapters.load_adapter(base, Path(args.init_adapter), trainable=True)
+    else:
+        model = adapters.attach_new(base, args.rank, args.alpha, args.dropout)
+    return Prepared(installed, tokenizer, model, encoded, held, digest)
+
+
+def new_optimizer(model, args: SftArgs) -> torch.optim.Optimizer:
+    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr, weight_decay=0.0)
+
+
+def fit(model, encoded, args: SftArgs, report: Callable[[TrainProgress], None], should_stop=lambda: False, *,
+        optim: torch.optim.Optimizer | None = None, start: int = 0, order: random.Random | None = None,
+        on_step: Callable[[dict], None] | None = None) -> list[dict]:
+    """Optimizer steps `start`..`args.steps` (stopping early when `should_stop()` after a step); one log entry a
+    step. `optim` and `order` (the data order's RNG) carry a resumed run's state."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    optim = optim or new_optimizer(model, args)
+    order = order or random.Random(args.seed)
+    log, t0 = [], time.perf_counter()
+    model.train()
+    for step in range(start, args.steps):
+        t_step = time.perf_counter()
+        lr = lr_at(step, args.steps, args.lr, args.warmup_ratio)
+        for group in optim.param_groups:
+            group["lr"] = lr
+        total, tokens = 0.0, 0
+        for _ in range(args.grad_accum):
+            prompt, response = encoded[order.randrange(len(encoded))]
+            loss = masked_lora_loss(model, prompt, response) / args.grad_accum
+            loss.backward()
+            total += loss.item()
+            tokens += len(prompt) + len(response)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optim.step()
+        optim.zero_grad(set_to_none=True)
+        now = time.perf_counter()
+        entry = {"step": step + 1, "loss": round(total, 4), "lr": lr, "elapsed_s": round(now - t0, 1),
+                 "tokens": tokens, "step_s": round(now - t_step, 3)}
+        log.append(entry)
+        report(TrainProgress(step + 1, args.steps, total, lr, entry["elapsed_s"]))
+        if on_step:
+            on_step(entry)
+        if should_stop():
+            break
+    model.eval()
+    return log
+
+
+def save(model, installed, args: SftArgs, log: list[dict], out: Path | None = None, data_hash: str | None = None) -> Path:
+    out = Path(out or args.out)
+    meta = {"kind": args.kind, "base_model": args.model_id, "base_precision": args.precision,
+            "base_fingerprint": adapters.base_fingerprint(installed.hf_dir), "args": asdict(args),
+            "data_hash": data_hash, "final_loss": log[-1]["loss"] if log else None, "steps_done": len(log),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    with AtomicDir(out) as tmp:
+        adapters.save_adapter(model, tmp, meta)
+        (tmp / "train_log.jsonl").write_text("".join(json.dumps(e) + "\n" for e in log))
+    return out
+
+
+def train_sft(args: SftArgs, report: Callable[[TrainProgress], None] = lambda p: None,
+              store: ModelStore | None = None, should_stop=lambda: False) -> Path:
+    prep = setup(args, store)
+    log = fit(prep.model, prep.train, args, report, should_stop)
+    return save(prep.model, prep.installed, args, log, data_hash=prep.data_hash)
+
+
+def recipe_of(args: SftArgs) -> dict:
+    keys = ("preset", "kind", "precision", "steps", "grad_accum", "rank", "alpha", "lr", "max_tokens", "held_out",
+            "seed")
+    return {k: getattr(args, k) for k in keys}
+
+
+ESTIMATE_STEPS = 3
+"""Steps an estimate trains: the first (kernel warm-up, first allocations) is run but not counted."""
+
+
+def estimate_step_seconds(prep: Prepared, args: SftArgs, optim, order, on_step) -> float:
+    """Seconds an average step of this run takes: a few real steps, the first left out (it costs several times a
+    later one), as seconds per token times the data's mean example length — two random examples say little."""
+    timed = []
+
+    def record(entry: dict) -> None:
+        timed.append(entry)
+        on_step(entry)
+
+    fit(prep.model, prep.train, args, lambda p: None, lambda: len(timed) >= ESTIMATE_STEPS, optim=optim, order=order,
+        on_step=record)
+    later = timed[1:] or timed
+    per_token = sum(e["step_s"] for e in later) / max(1, sum(e["tokens"] for e in later))
+    mean_tokens = sum(len(p) + len(r) for p, r in prep.train) / len(prep.train)
+    return per_token * mean_tokens * args.grad_accum
+
+
+def run(args: SftArgs, rd: RunDir, *, store: ModelStore | None = None, resume: bool = False,
+        estimate: bool = False) -> Path | None:
+    """One run with events, checkpoints and stop requests: train (or resume), evaluate, save. Returns the saved
+    adapter folder; None when stopped (resumable) or after an estimate."""
+    prep = setup(args, store)
+    total = args.steps
+    rd.emit({"event": "loaded", "examples": len(prep.train), "held_out": len(prep.held), "total_steps": total},
+            f"{len(prep.train)} training examples, {len(prep.held)} held out, {total} steps")
+    optim, order = new_optimizer(prep.model, args), random.Random(args.seed)
+    start, elapsed0, log = 0, 0.0, []
+    if resume and rd.has_checkpoint():
+        state = load_checkpoint(rd.checkpoint, prep.model, optim)
+        restore_rng(state["rng"], order)
+        start, elapsed0, log = state["step"], state["elapsed_s"], state["log"]
+    done = {"tokens": 0, "steps": 0, "spent": 0.0}  # this session's steps
+
+    def checkpoint(step: int) -> None:
+        save_checkpoint(rd.checkpoint, prep.model, optim, {"step": step, "elapsed_s": elapsed0 + done["spent"],
+                                                           "rng": rng_state(order), "log": log, "args": asdict(args)})
+        rd.emit({"event": "checkpoint", "step": step, "path": str(rd.checkpoint)})
+
+    def on_step(entry: dict) -> None:
+        log.append(entry)
+        done["tokens"] += entry["tokens"]
+        done["steps"] += 1
+        done["spent"] += entry["step_s"]
+        spent = done["spent"]
+        rd.emit({"event": "progress", "step": entry["step"], "total": total, "loss": entry["loss"], "lr": entry["lr"],
+                 "tokens_per_s": round(done["tokens"] / max(spent, 1e-9), 1), "elapsed_s": round(elapsed0 + spent, 1),
+                 "eta_s": round((total - entry["step"]) * spent / done["steps"], 1)},
+                f"step {entry['step']}/{total} loss {entry['loss']:.4f} lr {entry['lr']:.2e} "
+                f"eta {(total - entry['step']) * spent / done['steps']:.0f}s")
+        if not estimate and entry["step"] < total and entry["step"] % args.checkpoint_every == 0:
+            checkpoint(entry["step"])
+
+    if estimate:
+        per_step = estimate_step_seconds(prep, args, optim, order, on_step)
+        rd.emit({"event": "estimate", "seconds_per_step": round(per_step, 2), "total_s": round(per_step * total, 1)},
+                f"{per_step:.1f} s a step: about {per_step * total / 60:.1f} minutes for {total} steps")
+        return None
+    fit(prep.model, prep.train, args, lambda p: None, rd.should_stop, optim=optim, start=start, order=order,
+        on_step=on_step)
+    step = log[-1]["step"] if log else 0
+    if step > start or not rd.has_checkpoint():
+        checkpoint(step)
+    if step < total or rd.should_stop():
+        rd.emit({"event": "stopped", "step": step, "resumable": True}, f"stopped after step {step}; resume with --resume")
+        return None
+    return finish(args, rd, prep, log)
+
+
+def finish(args: SftArgs, rd: RunDir, prep: Prepared, log: list[dict]) -> Path | None:
+    """Evaluate before/after on the held-out records, then save to the library (`--name`) or to `--out`.
+    None when a stop was asked for during the evaluation."""
+    from core.evaluation.adapters import evaluate_adapter
+
+    if args.name:
+        result = evaluate_adapter(prep.model, prep.tokenizer, prep.held, args.kind, max_new_tokens=args.eval_tokens,
+                                  limit=args.eval_examples, should_stop=rd.should_stop)
+        if rd.should_stop():  # cancelled while evaluating: the trained checkpoint stays, nothing is saved
+            step = log[-1]["step"] if log else 0
+            rd.emit({"event": "stopped", "step": step, "resumable": True}, f"stopped after step {step}")
+            return None
+        rd.emit({"event": "eval", **result}, f"before: {result['before']}  after: {result['after']}")
+        metrics = {"final_loss": log[-1]["loss"] if log else None, "eval_examples": result["examples"],
+                   "before": result["before"], "after": result["after"]}
+        folder = save(prep.model, prep.installed, args, log, rd.path / "adapter", prep.data_hash)
+        from core.adapters.library import AdapterLibrary
+
+        card = AdapterLibrary().add_from_folder(folder, args.model_id, args.name, kind=args.kind,
+                                                data_hash=prep.data_hash, recipe=recipe_of(args), metrics=metrics)
+        out = Path(card.folder)
+    else:
+        out = save(prep.model, prep.installed, args, log, data_hash=prep.data_hash)
+    rd.emit({"event": "saved", "name": args.name, "folder": str(out)}, f"saved adapter to {out}")
+    return out
+
+
+FLAGS = ("model_id", "precision", "examples", "steps", "grad_accum", "rank", "alpha", "dropout", "lr", "warmup_ratio",
+         "max_response_tokens", "max_tokens", "held_out", "eval_examples", "eval_tokens", "checkpoint_every", "seed",
+         "threads")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ponder train sft", description=(
+        "Train a LoRA adapter by masked SFT (two-pass). With --name it is evaluated on the held-out records and "
+        "saved into the adapter library; with --out it is saved to a folder."))
+    p.add_argument("--data", action="append", help="training file, JSONL or CSV (repeatable)")
+    p.add_argument("--out", default="", help="output adapter folder")
+    p.add_argument("--name", default="", help="save into the adapter library under this name")
+    p.add_argument("--kind", choices=("skill", "reasoning"), default=None,
+                   help="default: skill with --name, reasoning with --out")
+    p.add_argument("--preset", choices=tuple(SFT_PRESETS), default="", help="recipe defaults (explicit flags win)")
+    p.add_argument("--columns", default=None, help="CSV columns PROMPT,RESPONSE (default prompt,response)")
+    p.add_argument("--init-adapter", default=None, help="continue training this adapter folder")
+    p.add_argument("--run-dir", default=None, help="checkpoints and logs (default: <data dir>/training/<name>)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --run-dir (or of --name)")
+    p.add_argument("--json-progress", action="store_true", help="one JSON event per stdout line")
+    p.add_argument("--estimate", action="store_true", help="time a few real steps, print the estimate, save nothing")
+    defaults = SftArgs(data=("x",))
+    for name in FLAGS:
+        value = getattr(defaults, name)
+        p.add_argument("--" + name.replace("_", "-"), type=type(value) if value is not None else int, default=None)
+    return p
+
+
+def args_from_cli(a: argparse.Namespace) -> SftArgs:
+    """Defaults, then the preset, then the flags given."""
+    if not a.data:
+        raise ValueError("give the training data with --data FILE")
+    if not (a.out or a.name or a.estimate):
+        raise ValueError("say where the adapter goes: --name NAME (the library) or --out FOLDER")
+    values = dict(SFT_PRESETS.get(a.preset, {}))
+    values.update({k: getattr(a, k) for k in FLAGS if getattr(a, k) is not None})
+    columns = tuple(c.strip() for c in a.columns.split(",")) if a.columns else None
+    if columns is not None and len(columns) != 2:
+        raise ValueError("--columns takes two names: PROMPT,RESPONSE")
+    if a.name:  # a bad name is said now, not after the training
+        from core.adapters.library import validate_adapter_name
+
+        validate_adapter_name(a.name)
+    kind = a.kind or ("skill" if a.name else "reasoning")
+    return SftArgs(data=tuple(a.data), out=a.out, name=a.name, kind=kind, preset=a.preset, csv_columns=columns,
+                   init_adapter=a.init_adapter, **values)
+
+
+def args_from_json(saved: dict) -> SftArgs:
+    saved = dict(saved, data=tuple(saved["data"]))
+    if saved.get("csv_columns"):
+        saved["csv_columns"] = tuple(saved["csv_columns"])
+    return SftArgs(**saved)
+
+
+def run_dir_for(a: argparse.Namespace) -> Path:
+    if a.run_dir:
+        return Path(a.run_dir)
+    label = a.name or (Path(a.out).name if a.out else "estimate")
+    return data_dir() / "training" / label
+
+
+def main(argv=None, store: ModelStore | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    rd = RunDir(run_dir_for(a), json_progress=a.json_progress)
+    try:
+        if a.resume:
+            args = args_from_json(rd.read_args())
+        else:
+            args = args_from_cli(a)
+            if not a.estimate:
+                rd.start_fresh(asdict(args))
+        rd.clear_stop()
+        rd.stop_on_signals()
+        run(args, rd, store=store, resume=a.resume, estimate=a.estimate)
+    except Exception as err:
+        return rd.fail(err)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
