@@ -23,6 +23,9 @@ from core.events import Answer, PhaseEvent, TokenEvent
 
 from .engine_worker import EngineWorker, Generation
 
+MAX_BATCH = 4
+"""Generations the window and the in-app server decode together (app.engine_worker)."""
+
 log = logging.getLogger(__name__)
 
 
@@ -49,7 +52,7 @@ class EngineService(QObject):
         self.config = config or EngineConfig()
         self._choose = choose
         """First launch: a callable returning a core.machine_fit.ModelChoice, asked once before loading."""
-        self.worker = worker or EngineWorker()
+        self.worker = worker or EngineWorker(max_batch=MAX_BATCH)
         """The engine thread and its queue, shared with the local server when it runs inside the app."""
         if engine is not None:
             self.worker.engine = engine

@@ -1,8 +1,12 @@
-"""EngineWorker: the one thread that calls the Engine, and the FIFO queue of work waiting for it.
+"""EngineWorker: the threads that call the Engine, and the FIFO queue of work waiting for them.
 
 Every caller of the model goes through here: the window (through `EngineService`) and the local OpenAI server
-(`app.server`). Jobs run one at a time in the order they were submitted, so a long answer for one client makes
-the next request wait instead of failing. A generation is a `Generation` value; its events are handed to a
+(`app.server`). With `max_batch` 1, jobs run one at a time in the order they were submitted, so a long answer for
+one client makes the next request wait instead of failing. With `max_batch` N > 1, up to N generations run at
+once, each on its own thread: they take turns on the model between decode steps, and on packed int4 weights
+their steps run as one (core.decode.joint), so a request that arrives while others decode joins the batch at
+the next step. Plain jobs (loading a model, switching adapters) still run alone: they wait for the running
+generations and hold back new ones. A generation is a `Generation` value; its events are handed to a
 callback on the worker thread (the caller moves them to its own thread), and setting its `cancel` Event stops
 it within one decode step, or before it starts when it is still queued. Adapters from the adapter library are
 loaded here too, on the engine thread and without reloading the model: a request's skill adapter (its `skill`
@@ -11,6 +15,7 @@ option) before the request runs, the reasoning adapter when the user picks one. 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections import deque
@@ -69,18 +74,60 @@ class JobRecord:
     ran_s: float
 
 
-class EngineWorker:
-    """Owns the Engine and the single thread allowed to call it; a FIFO of jobs in front of that thread."""
+class _Gate:
+    """Shared for generations, exclusive for plain jobs; a waiting plain job holds back new generations."""
 
-    def __init__(self, engine=None, *, max_waiting: int = 64, name: str = "ponder-engine"):
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._shared = 0
+        self._exclusive = False
+        self._waiting = 0
+
+    @contextlib.contextmanager
+    def shared(self):
+        with self._cond:
+            self._cond.wait_for(lambda: not self._exclusive and not self._waiting)
+            self._shared += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._shared -= 1
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def exclusive(self):
+        with self._cond:
+            self._waiting += 1
+            self._cond.wait_for(lambda: not self._exclusive and not self._shared)
+            self._waiting -= 1
+            self._exclusive = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._exclusive = False
+                self._cond.notify_all()
+
+
+class EngineWorker:
+    """Owns the Engine and the threads allowed to call it; a FIFO of jobs in front of them."""
+
+    def __init__(self, engine=None, *, max_waiting: int = 64, max_batch: int = 1, name: str = "ponder-engine"):
         self.engine = engine
         """The loaded Engine (or None). Replaced by whoever loads a model, from a job on this worker."""
         self.max_waiting = max_waiting
+        self.max_batch = max_batch
+        """Generations that run at once (1: one at a time, first come first served)."""
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self._pool = (ThreadPoolExecutor(max_workers=max_batch, thread_name_prefix=f"{name}-batch")
+                      if max_batch > 1 else None)
+        self._gate = _Gate()
+        self._threads: int | None = None
         self.recent: deque[JobRecord] = deque(maxlen=32)
         self._lock = threading.Lock()
         self._queued = 0
-        self._running = False
+        self._running = 0
         self._library = None
 
     @property
@@ -98,8 +145,20 @@ class EngineWorker:
 
     # --- plain jobs -----------------------------------------------------------------------------------
     def submit(self, fn: Callable, /, *args, **kwargs) -> Future:
-        """Run `fn(*args, **kwargs)` on the engine thread after everything already queued."""
-        return self.executor.submit(fn, *args, **kwargs)
+        """Run `fn(*args, **kwargs)` on the engine thread after everything already queued (alone: no generation
+        runs beside it)."""
+        if self._pool is None:
+            return self.executor.submit(fn, *args, **kwargs)
+        return self.executor.submit(self._alone, fn, *args, **kwargs)
+
+    def _alone(self, fn: Callable, /, *args, **kwargs):
+        import torch
+
+        with self._gate.exclusive():
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._threads = torch.get_num_threads()  # set_threads on this thread: the batch threads follow
 
     @property
     def waiting(self) -> int:
@@ -109,7 +168,7 @@ class EngineWorker:
     @property
     def busy(self) -> bool:
         """A generation is running or waiting."""
-        return self._running or self._queued > 0
+        return self._running > 0 or self._queued > 0
 
     # --- generations ----------------------------------------------------------------------------------
     def generate(self, gen: Generation, on_event: Callable[[TokenEvent | DoneEvent], None]) -> Future:
@@ -120,7 +179,7 @@ class EngineWorker:
             if self._queued >= self.max_waiting:
                 raise QueueFull(f"{self._queued} requests are already waiting for the model")
             self._queued += 1
-        future = self.executor.submit(self._run, gen, on_event, time.perf_counter())
+        future = (self._pool or self.executor).submit(self._run, gen, on_event, time.perf_counter())
         future.add_done_callback(lambda f: f.cancelled() and self._dequeued())
         return future
 
@@ -150,7 +209,8 @@ class EngineWorker:
         engine = self._ready()
         options = dict(gen.options)
         if options.get("skill"):  # looked up on every request: the engine loads each set of files once
-            options["skill"] = engine.load_skill(self.library.get(engine.model_id, options["skill"]))
+            with getattr(engine, "model_lock", contextlib.nullcontext()):  # others may be decoding
+                options["skill"] = engine.load_skill(self.library.get(engine.model_id, options["skill"]))
         else:
             options.pop("skill", None)
         if gen.kind == "think_longer":
@@ -161,8 +221,19 @@ class EngineWorker:
         return engine.stream(gen.messages, gen.sampling, cancel=gen.cancel, **options)
 
     def _run(self, gen: Generation, on_event, queued_at: float) -> Answer | None:
+        if self._pool is None:
+            return self._generate(gen, on_event, queued_at)
+        import torch
+
+        with self._gate.shared():
+            if self._threads is not None and torch.get_num_threads() != self._threads:
+                torch.set_num_threads(self._threads)
+            return self._generate(gen, on_event, queued_at)
+
+    def _generate(self, gen: Generation, on_event, queued_at: float) -> Answer | None:
         self._dequeued()
-        self._running = True
+        with self._lock:
+            self._running += 1
         started = time.perf_counter()
         answer, finish = None, "error"
         try:
@@ -176,7 +247,8 @@ class EngineWorker:
             finish = answer.finish_reason if answer is not None else "error"
             return answer
         finally:
-            self._running = False
+            with self._lock:
+                self._running -= 1
             release_free_memory(collect=False)  # a long prefill's freed buffers go back to the OS, not kept in RSS
             tokens = answer.stats.completion_tokens if answer is not None else 0
             self.recent.append(JobRecord(gen.source, finish, tokens, gen.cancel.is_set(), started - queued_at,
@@ -210,4 +282,6 @@ class EngineWorker:
             future.cancel()
 
     def shutdown(self, wait: bool = True) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=wait, cancel_futures=True)
         self.executor.shutdown(wait=wait, cancel_futures=True)

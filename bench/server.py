@@ -2,10 +2,11 @@
 against `ponder serve` on the embedded model in a subprocess (as a user runs it).
 
 Each client sends its requests one after another: short prompts, greedy, `max_tokens` 32 with `ignore_eos`
-so every request costs the same tokens, streamed (so time to first token is measured too). The engine answers
-one request at a time (one engine thread, FIFO), so more clients mostly add queueing: latency grows, throughput
-stays about flat. `python -m bench.server [--max-tokens 32] [--model ID]`; writes bench/results/server.json
-and server.md with the CPU name, load average and date.
+so every request costs the same tokens, streamed (so time to first token is measured too). The server decodes
+up to `--max-batch` requests together (default 4, as `ponder serve`): a request that arrives while others decode
+joins at the next step; `--max-batch 1` answers one at a time (FIFO), the comparison. `python -m bench.server
+[--max-tokens 32] [--model ID] [--max-batch N] [--tag T]`; writes bench/results/server[_T].json and .md with the
+CPU name, load average and date.
 """
 from __future__ import annotations
 
@@ -35,9 +36,10 @@ PROMPTS = ["What is 2+2?", "Name a primary colour.", "Say hello in French.", "Wh
            "Give one prime number.", "What is 10 minus 3?", "Name a planet.", "Spell 'cat' backwards."]
 
 
-def start_server(model: str) -> tuple[subprocess.Popen, str]:
+def start_server(model: str, max_batch: int) -> tuple[subprocess.Popen, str]:
     """`ponder serve --port 0` in a subprocess; returns it and its /v1 URL once it listens."""
-    proc = subprocess.Popen([sys.executable, "-m", "app", "serve", "--port", "0", "--model", model],
+    proc = subprocess.Popen([sys.executable, "-m", "app", "serve", "--port", "0", "--model", model, "--max-batch",
+                             str(max_batch)],
                             stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=ROOT)
     for line in proc.stderr:
         match = re.search(r"^Serving \S+ at (http://\S+/v1)", line)
@@ -95,7 +97,8 @@ def markdown(result: dict) -> str:
     for r in result["levels"]:
         lines.append(f"| {r['clients']} | {r['requests']} | {r['requests_per_s']:.3f} | {r['tokens_per_s']:.1f} | "
                      f"{r['p50_s']:.2f} | {r['p95_s']:.2f} | {r['ttft_p50_s']:.2f} | {r['ttft_p95_s']:.2f} |")
-    lines += ["", f"`ponder serve` ({result['model']}, W4, int8 KV), {result['max_tokens']} greedy tokens per request "
+    lines += ["", f"`ponder serve --max-batch {result.get('max_batch', 1)}` ({result['model']}, W4, int8 KV), "
+              f"{result['max_tokens']} greedy tokens per request "
               f"(ignore_eos), streamed; {result['cpu']}, {result['cpus']} CPUs, load average "
               f"{result['load_before']} before / {result['load_after']} after; {result['date']}."]
     return "\n".join(lines) + "\n"
@@ -105,11 +108,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.server", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=DEFAULT_MODEL_ID)
     parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--max-batch", type=int, default=4, help="the server's --max-batch (default 4)")
+    parser.add_argument("--tag", default="", help="suffix of the result files")
     parser.add_argument("--json", action="store_true", help="print the JSON result")
     args = parser.parse_args(argv)
     load_before = [round(x, 2) for x in os.getloadavg()]
-    proc, url = start_server(args.model)
-    result = {"model": args.model, "max_tokens": args.max_tokens, "levels": [], "cpu": cpu_name(),
+    proc, url = start_server(args.model, args.max_batch)
+    result = {"model": args.model, "max_tokens": args.max_tokens, "max_batch": args.max_batch, "levels": [],
+              "tag": args.tag, "cpu": cpu_name(),
               "cpus": os.cpu_count(), "load_before": load_before, "python": platform.python_version()}
     try:
         with httpx.Client(base_url=url, timeout=3600) as client:
@@ -129,8 +135,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def save(result: dict) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "server.json").write_text(json.dumps(result, indent=2) + "\n")
-    (RESULTS / "server.md").write_text(markdown(result))
+    name = "server" + (f"_{result['tag']}" if result.get("tag") else "")
+    (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (RESULTS / f"{name}.md").write_text(markdown(result))
 
 
 if __name__ == "__main__":

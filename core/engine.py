@@ -13,6 +13,7 @@ The engine knows nothing about files or Qt.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 import time
@@ -29,6 +30,7 @@ from core.decode import lean_layers
 from core.decode.attention import use_decode_attention
 from core.decode.cache import cache_bytes, crop, fork, new_cache
 from core.decode.fused import FusedDecoder
+from core.decode.joint import JointStep, JointSteps
 from core.decode.rows import Row, decode_rows, new_row
 from core.decode.sampling import make_generator
 from core.events import Answer, Candidate, DoneEvent, GenerationStats, RouteDecision, TokenEvent
@@ -71,6 +73,11 @@ class Engine(AdapterChoice):
         lean_layers.install(model)
         self.fused = FusedDecoder.build(model)
         """Base-model decode steps as one function over the packed int4 weights (None for other weights)."""
+        self.model_lock = threading.RLock()
+        """Held by whatever runs the model (prefills, steps, adapter switches), so that requests decoding on
+        several threads (app.engine_worker) take turns between steps."""
+        self.joint = JointSteps(self.fused, self.model_lock) if self.fused is not None else None
+        """Fused steps of requests decoding at the same time, run as one (core.decode.joint)."""
         self.slots = AdapterSlots(model.eval(), adapter_name if adapters.is_adapted(model) else None)
         self.base_fingerprint: str | None = None
         """The base weights' fingerprint (set by the loader): adapters trained on other weights are refused."""
@@ -97,8 +104,14 @@ class Engine(AdapterChoice):
     def prompt_ids(self, messages: Sequence[dict] | str, system: str | None = DEFAULT_SYSTEM) -> list[int]:
         return build_prompt_ids(self.tokenizer, messages, system=system)
 
+    @contextlib.contextmanager
+    def _using(self, item: Loaded | None):
+        """Run the model under adapter `item` (None: the base model), holding the model lock."""
+        with self.model_lock, self.slots.using(item):
+            yield
+
     def _base(self):
-        return self.slots.using(None)
+        return self._using(None)
 
     def route(self, mode: str, hidden: torch.Tensor | None) -> RouteDecision:
         if mode == "reason":
@@ -176,18 +189,20 @@ class Engine(AdapterChoice):
         run: other weights than packed int4, sparse feed-forward, adapters that train whole modules (LM head)."""
         if self.fused is None or self.decode != "dense" or self.slots.trains_extra_modules:
             return None
-        return self.fused if item is None else self.fused.with_adapter(item.peft_name)
+        single = self.fused if item is None else self.fused.with_adapter(item.peft_name)
+        return None if single is None else JointStep(self.joint, single)
 
     def _decode(self, cache, logits, rows: list[Row], cfg: SamplingConfig, reasoning: bool, cancel,
                 skill: Loaded | None = None, **extra) -> Iterator[TokenEvent]:
         """Decode steps run under the reasoning adapter, else the skill adapter, else the base model (through the
         fused step where it applies: not for adapters that train whole modules, such as the LM head)."""
         item = self.slots.reasoning if reasoning else skill
-        adapter = functools.partial(self.slots.using, item)
+        adapter = functools.partial(self._using, item)
         fused = self.fused_step(item)
-        return decode_rows(self.model, cache, logits, rows, tokenizer=self.tokenizer, markers=self.markers,
-                           eos_ids=self.eos_ids, cfg=cfg, generator=make_generator(cfg.seed), adapter=adapter,
-                           cancel=cancel, verifier=self.verifier, fused=fused, **extra)
+        events = decode_rows(self.model, cache, logits, rows, tokenizer=self.tokenizer, markers=self.markers,
+                             eos_ids=self.eos_ids, cfg=cfg, generator=make_generator(cfg.seed), adapter=adapter,
+                             cancel=cancel, verifier=self.verifier, fused=fused, **extra)
+        return events if fused is None else self.joint.member(events)
 
     def stream(self, messages: Sequence[dict] | str, sampling: SamplingConfig | None = None, *, mode: str = "base",
                budget: int | None = 256, answer_max_tokens: int = 256, cancel: threading.Event | None = None,
@@ -270,7 +285,7 @@ class Engine(AdapterChoice):
                 self.model(input_ids=torch.tensor([ids + list(self.markers.think_open)]), cache=cache,
                            use_cache=True, logits_to_keep=1)
             if thinking_ids:
-                with self.slots.using(self.slots.reasoning), torch.inference_mode():
+                with self._using(self.slots.reasoning), torch.inference_mode():
                     self.model(input_ids=torch.tensor([thinking_ids]), cache=cache, use_cache=True, logits_to_keep=1)
         return cache, thinking_ids
 

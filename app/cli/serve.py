@@ -25,6 +25,8 @@ def add_parser(sub) -> None:
     serve.add_argument("--max-tokens-limit", type=whole(1), default=4096,
                        help="largest max_tokens / thinking_budget a request may ask for (default 4096)")
     serve.add_argument("--threads", type=whole(1, 1024), default=None, help="CPU threads (default: physical cores)")
+    serve.add_argument("--max-batch", type=whole(1, 16), default=4,
+                       help="requests decoded together; more wait in line (default 4; 1: one at a time)")
 
 
 def cmd_serve(args) -> int:
@@ -38,7 +40,7 @@ def cmd_serve(args) -> int:
     from ..server import API_KEY_ENV, LocalServer
 
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
-    worker = EngineWorker()
+    worker = EngineWorker(max_batch=args.max_batch)
     try:
         server = LocalServer(worker, host=args.host, port=args.port, api_key=api_key,
                              limits=Limits(max_tokens=args.max_tokens_limit,

@@ -66,9 +66,16 @@ class _Packed:
         self.bias = None if biases[0] is None else torch.cat([b.detach() for b in biases]).contiguous()
 
     def __call__(self, x: torch.Tensor, lora: tuple | None = None) -> torch.Tensor:
+        return self.add_lora(self.base(x), x, lora)
+
+    def base(self, x: torch.Tensor) -> torch.Tensor:
         out = int4_mm(x, self.data, self.group_size, self.scales)
         if self.bias is not None:
             out.add_(self.bias)
+        return out
+
+    def add_lora(self, out: torch.Tensor, x: torch.Tensor, lora: tuple | None) -> torch.Tensor:
+        """out (the base output for x's rows, or a view of it) plus the adapter's `B·A·x·scaling`, in place."""
         if lora is None:
             return out
         start = 0
@@ -78,6 +85,14 @@ class _Packed:
                 delta = F.linear(F.linear(x.to(a.dtype), a), b, bias) * scaling
                 out[:, start:start + size] = (out[:, start:start + size] + delta).to(out.dtype)
             start += size
+        return out
+
+    def grouped(self, x: torch.Tensor, bounds: list[tuple[int, int]], loras: list) -> torch.Tensor:
+        """One int4 matmul over every group's rows, then each group's own adapter on its rows (`bounds`)."""
+        out = self.base(x)
+        for (lo, hi), lora in zip(bounds, loras, strict=True):
+            if lora is not None:
+                self.add_lora(out[lo:hi], x[lo:hi], lora)
         return out
 
 
@@ -169,28 +184,44 @@ class FusedDecoder:
     def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, weight, self.eps)
 
-    @torch.inference_mode()
+    def _rotary(self, pos: int) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = pos * self.inv_freq
+        angles = torch.cat((freqs, freqs))
+        dtype = self.embed.dtype  # rotary in the activations' dtype, as transformers applies it
+        return (angles.cos() * self.rope_scale).to(dtype), (angles.sin() * self.rope_scale).to(dtype)
+
     def step(self, tokens: torch.Tensor, cache, lora: list[dict] | None = None) -> torch.Tensor:
         """tokens (B,) at the cache's next position (every row the same length) → next-token logits (B, V), as the
         model's LM head gives them. Appends the tokens' keys and values to `cache`. lora: per layer, each part's
         adapter factors (`with_adapter`)."""
+        return self.step_many([(tokens, cache, lora)])[0]
+
+    @torch.inference_mode()
+    def step_many(self, items: list[tuple[torch.Tensor, object, list[dict] | None]]) -> list[torch.Tensor]:
+        """One step of several groups of rows, each (tokens (B_i,), its own cache, its adapter factors or None), as
+        one pass over the weights: the int4 matmuls take every group's rows at once, attention and adapters run per
+        group. Each group's logits equal what `step` gives it alone (the int4 kernel computes each row the same
+        whatever the rows beside it; core.decode.joint relies on this)."""
         heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
-        layers = cache.layers
-        pos = layers[0].length
-        freqs = pos * self.inv_freq
-        angles = torch.cat((freqs, freqs))
-        dtype = self.embed.dtype  # rotary in the activations' dtype, as transformers applies it
-        cos, sin = (angles.cos() * self.rope_scale).to(dtype), (angles.sin() * self.rope_scale).to(dtype)
         q_end, k_end = heads * dim, (heads + kv_heads) * dim
-        h = self.embed[tokens]
-        for i, (parts, layer) in enumerate(zip(self.layers, layers, strict=True)):
-            adapter = lora[i] if lora is not None else {}
-            qkv = parts["qkv"](self._rms(h, parts["norm_in"]), adapter.get("qkv"))
-            attn = decode_step(layer, qkv[:, :q_end], qkv[:, q_end:k_end], qkv[:, k_end:], cos, sin, heads, kv_heads,
-                               dim ** -0.5)
-            h = h + parts["o"](attn, adapter.get("o"))
-            gate_up = parts["gate_up"](self._rms(h, parts["norm_post"]), adapter.get("gate_up"))
+        bounds, start = [], 0
+        for tokens, _, _ in items:
+            bounds.append((start, start + tokens.shape[0]))
+            start += tokens.shape[0]
+        rotary = [self._rotary(cache.layers[0].length) for _, cache, _ in items]
+        h = self.embed[torch.cat([tokens for tokens, _, _ in items]) if len(items) > 1 else items[0][0]]
+        for i, parts in enumerate(self.layers):
+            adapters = [lora[i] if lora is not None else {} for _, _, lora in items]
+            qkv = parts["qkv"].grouped(self._rms(h, parts["norm_in"]), bounds, [a.get("qkv") for a in adapters])
+            attn = [decode_step(cache.layers[i], qkv[lo:hi, :q_end], qkv[lo:hi, q_end:k_end], qkv[lo:hi, k_end:], cos,
+                                sin, heads, kv_heads, dim ** -0.5)
+                    for (lo, hi), (_, cache, _), (cos, sin) in zip(bounds, items, rotary, strict=True)]
+            attn = attn[0] if len(attn) == 1 else torch.cat(attn)
+            h = h + parts["o"].grouped(attn, bounds, [a.get("o") for a in adapters])
+            gate_up = parts["gate_up"].grouped(self._rms(h, parts["norm_post"]), bounds,
+                                               [a.get("gate_up") for a in adapters])
             act = silu_mul(gate_up[:, : self.intermediate], gate_up[:, self.intermediate:])
-            h = h + parts["down"](act, adapter.get("down"))
+            h = h + parts["down"].grouped(act, bounds, [a.get("down") for a in adapters])
         # the final norm as transformers' Qwen2RMSNorm computes it: the module path runs that module itself
-        return self.head(self.norm * F.rms_norm(h.float(), (h.shape[-1],), eps=self.eps).to(h.dtype))
+        logits = self.head(self.norm * F.rms_norm(h.float(), (h.shape[-1],), eps=self.eps).to(h.dtype))
+        return [logits[lo:hi] for lo, hi in bounds]
