@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from core.config import SamplingConfig
 from core.events import Answer, TokenEvent
+from core.prompting.chat_format import RawPrompt
 from core.reasoning.voting import vote
 
 from .engine_worker import Generation
@@ -79,6 +80,9 @@ class _Request(_Strict):
     stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1, le=8)
     reasoning_mode: Literal["auto", "reason", "base"] = "base"
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    """OpenAI's knob (LM Studio's users ask for it): none/minimal answer directly; low, medium and high think with
+    half, one and four times the model's default budget, unless `reasoning_mode` / `thinking_budget` say otherwise."""
     thinking_budget: int | None = Field(None, ge=1)
     vote: Literal["weighted", "majority"] | None = None
     ignore_eos: bool = False
@@ -130,11 +134,15 @@ def _text(content) -> str:
     return content if isinstance(content, str) else "".join(part.text for part in content)
 
 
-def _conversation(req: _Request) -> tuple[list[dict], str | None]:
-    """(messages, system prompt) for the engine; leading system/developer messages become the system prompt."""
+EFFORT_BUDGET = {"low": 0.5, "medium": 1.0, "high": 4.0}
+"""`reasoning_effort` -> thinking budget as a multiple of the model's default."""
+
+
+def _conversation(req: _Request) -> tuple[list[dict] | RawPrompt, str | None]:
+    """(messages, system prompt) for the engine; leading system/developer messages become the system prompt. A
+    completion's prompt is continued as it is (no chat template)."""
     if isinstance(req, CompletionRequest):
-        prompt = req.prompt if isinstance(req.prompt, str) else req.prompt[0]
-        return [{"role": "user", "content": prompt}], None
+        return RawPrompt(req.prompt if isinstance(req.prompt, str) else req.prompt[0]), None
     messages = [{"role": "system" if m.role == "developer" else m.role, "content": _text(m.content)}
                 for m in req.messages]
     system = []
@@ -159,11 +167,19 @@ def to_generation(req: _Request, limits: Limits, *, can_reason: bool) -> Generat
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     max_tokens = _bounded(req.max_completion_tokens or req.max_tokens, limits.default_max_tokens, limits.max_tokens,
                           param)
-    budget = _bounded(req.thinking_budget, limits.default_thinking_budget, limits.max_tokens, "thinking_budget")
+    mode, default_budget = req.reasoning_mode, limits.default_thinking_budget
+    if req.reasoning_effort is not None and "reasoning_mode" not in req.model_fields_set:
+        thinks = req.reasoning_effort in EFFORT_BUDGET and can_reason and isinstance(req, ChatRequest)
+        mode = "reason" if thinks else "base"  # clients send it to any model: one that cannot think answers
+        if thinks:
+            default_budget = min(limits.max_tokens, max(1, round(default_budget * EFFORT_BUDGET[req.reasoning_effort])))
+    budget = _bounded(req.thinking_budget, default_budget, limits.max_tokens, "thinking_budget")
     stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
     if len(stop) > 4 or any(not s for s in stop):
         raise ApiError(400, "'stop' takes up to 4 non-empty strings.", param="stop", code="invalid_value")
-    mode = req.reasoning_mode
+    if isinstance(req, CompletionRequest) and mode != "base":
+        raise ApiError(400, "/v1/completions continues the prompt as it is: only reasoning_mode 'base' applies; use "
+                       "/v1/chat/completions to think first.", param="reasoning_mode", code="invalid_value")
     if mode == "reason" and not can_reason:
         raise ApiError(400, "reasoning_mode 'reason' needs the reasoning adapter, which this model does not have.",
                        param="reasoning_mode", code="invalid_value")
@@ -226,30 +242,33 @@ def ponder_extension(answer: Answer, vote_method: str | None = None) -> dict:
     return out
 
 
-def _choices(answer: Answer) -> list[tuple[int, str, str, str]]:
-    """(index, text, thinking, finish) per choice: the N candidates for n > 1, else the one answer."""
+def _choices(answer: Answer, chosen: int | None = None) -> list[tuple[int, str, str, str]]:
+    """(index, text, thinking, finish) per choice: the N candidates for n > 1, the voted one (`chosen`) first and
+    the others in their order; else the one answer."""
     if answer.candidates:
-        return [(c.index, c.text, c.thinking, c.finish_reason) for c in answer.candidates]
+        order = sorted(answer.candidates, key=lambda c: (c.index != chosen, c.index))
+        return [(i, c.text, c.thinking, c.finish_reason) for i, c in enumerate(order)]
     return [(0, answer.text, answer.thinking, answer.finish_reason)]
 
 
 def chat_completion(answer: Answer, req: ChatRequest, model: str) -> dict:
-    choices = []
-    for index, text, thinking, finish in _choices(answer):
+    choices, extension = [], ponder_extension(answer, req.vote)
+    for index, text, thinking, finish in _choices(answer, extension.get("vote", {}).get("chosen")):
         message = {"role": "assistant", "content": text}
         if thinking:
             message["reasoning_content"] = thinking
         choices.append({"index": index, "message": message, "finish_reason": finish_reason(finish), "logprobs": None})
     return {"id": new_id("chatcmpl"), "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": choices, "usage": usage(answer), "ponder": ponder_extension(answer, req.vote)}
+            "choices": choices, "usage": usage(answer), "ponder": extension}
 
 
 def completion(answer: Answer, req: CompletionRequest, model: str) -> dict:
+    extension = ponder_extension(answer, req.vote)
     choices = [{"index": index, "text": text, "finish_reason": finish_reason(finish), "logprobs": None}
                | ({"reasoning_content": thinking} if thinking else {})
-               for index, text, thinking, finish in _choices(answer)]
+               for index, text, thinking, finish in _choices(answer, extension.get("vote", {}).get("chosen"))]
     return {"id": new_id("cmpl"), "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": choices, "usage": usage(answer), "ponder": ponder_extension(answer, req.vote)}
+            "choices": choices, "usage": usage(answer), "ponder": extension}
 
 
 def chat_chunk(cid: str, created: int, model: str, choices: list[dict], **extra) -> dict:

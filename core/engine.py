@@ -34,7 +34,7 @@ from core.decode.joint import JointStep, JointSteps
 from core.decode.rows import Row, decode_rows, new_row
 from core.decode.sampling import make_generator
 from core.events import Answer, Candidate, DoneEvent, GenerationStats, RouteDecision, TokenEvent
-from core.prompting.chat_format import DEFAULT_SYSTEM, build_prompt_ids, stop_token_ids
+from core.prompting.chat_format import DEFAULT_SYSTEM, RawPrompt, build_prompt_ids, stop_token_ids
 from core.prompting.markers import ReasoningMarkers
 from core.prompting.prompts import reasoning_system
 from core.reasoning.voting import extract_answer, vote
@@ -168,6 +168,8 @@ class Engine(AdapterChoice):
         return reasoning_system(budget, system or DEFAULT_SYSTEM) if mode != "base" else system
 
     def _prompt(self, messages, mode: str, budget: int | None, system: str | None, reserve: int = 8) -> list[int]:
+        if isinstance(messages, RawPrompt) and mode != "base":
+            raise ValueError("a raw prompt (no chat template) is continued by the base model: mode must be 'base'")
         ids = self.prompt_ids(messages, self._prompt_system(mode, budget, system))
         if len(ids) >= self.context - reserve:
             raise PromptTooLong(f"The conversation is {len(ids)} tokens; this model's window is {self.context}.")

@@ -9,8 +9,17 @@ from __future__ import annotations
 import re
 import secrets
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 DEFAULT_SYSTEM = "You are Ponder, a helpful assistant running offline on this computer. Answer clearly and concisely."
+
+
+@dataclass(frozen=True)
+class RawPrompt:
+    """Text the model continues as it is, without the chat template (the server's `/v1/completions`). Its
+    template tokens are text too, like any message's."""
+
+    text: str
 
 
 def normalise_messages(messages: Sequence[dict] | str, system: str | None = None) -> list[dict]:
@@ -28,7 +37,10 @@ def normalise_messages(messages: Sequence[dict] | str, system: str | None = None
 
 def build_prompt_ids(tokenizer, messages: Sequence[dict] | str, *, system: str | None = DEFAULT_SYSTEM,
                      add_generation_prompt: bool = True) -> list[int]:
-    """Render the chat template and tokenize it so that message contents cannot inject special tokens."""
+    """Render the chat template and tokenize it so that message contents cannot inject special tokens (a
+    `RawPrompt` is tokenized as it is, with no template and no system prompt)."""
+    if isinstance(messages, RawPrompt):
+        return tokenizer(messages.text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
     msgs = normalise_messages(messages, system)
     tag = secrets.token_hex(8)
     sentinels = [f"\x00{tag}:{i}\x00" for i in range(len(msgs))]

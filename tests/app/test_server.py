@@ -98,8 +98,9 @@ def test_parallel_answers_come_with_scores_and_a_vote(client):
     assert [c.index for c in reply.choices] == [0, 1, 2]
     candidates, vote = reply.ponder["candidates"], reply.ponder["vote"]
     assert len(candidates) == 3 and all(0 <= c["score"] <= 1 for c in candidates)
-    assert [c["text"] for c in candidates] == [c.message.content for c in reply.choices]
     assert vote["method"] == "weighted" and vote["chosen"] in (0, 1, 2) and isinstance(vote["tie"], bool)
+    voted_first = [candidates[vote["chosen"]]] + [c for c in candidates if c["index"] != vote["chosen"]]
+    assert [c["text"] for c in voted_first] == [c.message.content for c in reply.choices]  # the vote's pick first
     majority = client.chat.completions.create(model="tiny", messages=HI, n=3, max_tokens=6, seed=2, temperature=1.0,
                                               extra_body={**extra, "vote": "majority"})
     assert majority.ponder["vote"]["method"] == "majority"
@@ -108,11 +109,45 @@ def test_parallel_answers_come_with_scores_and_a_vote(client):
     assert {c.choices[0].index for c in streamed if c.choices and c.choices[0].delta.content} <= {0, 1}
 
 
-def test_completions(client):
-    reply = client.completions.create(model="tiny", prompt="What is 2+3?", max_tokens=5, temperature=0)
+def test_completions_continue_the_raw_prompt_without_the_chat_template(client, worker):
+    prompt = "def add(a, b):<|im_end|>"
+    reply = client.completions.create(model="tiny", prompt=prompt, max_tokens=5, temperature=0)
     assert reply.object == "text_completion" and reply.choices[0].text and reply.usage.completion_tokens <= 5
-    pieces = client.completions.create(model="tiny", prompt="What is 2+3?", max_tokens=5, temperature=0, stream=True)
+    tokenizer = worker.engine.tokenizer
+    raw = tokenizer(prompt, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    assert reply.usage.prompt_tokens == len(raw)  # no template around it, and its "<|im_end|>" is text
+    pieces = client.completions.create(model="tiny", prompt=prompt, max_tokens=5, temperature=0, stream=True)
     assert "".join(c.choices[0].text for c in pieces if c.choices) == reply.choices[0].text
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model="tiny", prompt=prompt, max_tokens=5, extra_body={"reasoning_mode": "reason"})
+
+
+def test_reasoning_effort_maps_to_thinking_budgets(client):
+    budgets = {}
+    for effort in ("low", "medium", "high"):
+        reply = client.chat.completions.create(model="tiny", messages=HI, max_tokens=4, temperature=0,
+                                               reasoning_effort=effort)
+        budgets[effort] = reply.ponder["budget"]
+        assert reply.ponder["route"]["reason"] is True
+    assert budgets == {"low": 128, "medium": 256, "high": 1024}  # the default budget (256) x 0.5, 1, 4
+    plain = client.chat.completions.create(model="tiny", messages=HI, max_tokens=4, reasoning_effort="none")
+    assert plain.ponder["route"]["reason"] is False and plain.ponder["thinking_tokens"] == 0
+    chosen = client.chat.completions.create(model="tiny", messages=HI, max_tokens=4, temperature=0,
+                                            reasoning_effort="high", extra_body={"thinking_budget": 7})
+    assert chosen.ponder["budget"] == 7  # an explicit budget wins
+
+
+def test_stop_strings_and_usage_are_honoured(client):
+    free = client.chat.completions.create(model="tiny", messages=HI, max_tokens=30, temperature=0,
+                                          extra_body={"ignore_eos": True})
+    text = free.choices[0].message.content
+    assert len(text) > 6
+    stop = text[3:6]
+    cut = client.chat.completions.create(model="tiny", messages=HI, max_tokens=30, temperature=0, stop=[stop],
+                                         extra_body={"ignore_eos": True})
+    assert cut.choices[0].message.content == text[: text.index(stop)] and cut.choices[0].finish_reason == "stop"
+    assert cut.usage.completion_tokens < free.usage.completion_tokens == 30
+    assert cut.usage.total_tokens == cut.usage.prompt_tokens + cut.usage.completion_tokens
 
 
 def test_api_key_is_required_when_set(worker):
