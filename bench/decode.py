@@ -18,7 +18,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from bench.machine import cpu_name
+from bench.machine import cpu_features, cpu_name
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PROMPT = "Write a Python function that checks whether a number is prime, and explain how it works."
@@ -290,6 +290,14 @@ def spawn(name: str, args) -> dict | None:
     return result
 
 
+def llama_build() -> dict:
+    """Which llama.cpp ran: its version and the instruction sets its build uses (llama_print_system_info)."""
+    import llama_cpp
+
+    info = llama_cpp.llama_print_system_info()
+    return {"version": llama_cpp.__version__, "system_info": info.decode() if isinstance(info, bytes) else str(info)}
+
+
 def llama_available() -> bool:
     import importlib.util
 
@@ -344,6 +352,15 @@ def markdown(report: dict) -> str:
     rows += [f"- `{k}`: {v}" for k, v in report["ratios"].items()]
     rows.append(f"\n{report['tokens']} new tokens, median of {report['runs']} runs, {report['threads']} threads, "
                 f"{report['machine']}, {report['date']}.")
+    features = report.get("cpu_features")
+    if features:
+        rows.append(f"CPU flags: {' '.join(features['flags'])}; torch packs int4 for {features['torch_capability']}"
+                    + (f" (ATEN_CPU_CAPABILITY={features['ATEN_CPU_CAPABILITY']})"
+                       if features["ATEN_CPU_CAPABILITY"] else "")
+                    + f"; int4 kernel: {report.get('int4_decode_kernel')}.")
+    if report.get("llama_cpp_build"):
+        rows.append(f"llama.cpp: llama-cpp-python {report['llama_cpp_build']['version']}, "
+                    f"{report['llama_cpp_build']['system_info'].strip()}")
     return "\n".join(rows) + "\n"
 
 
@@ -356,6 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--json", action="store_true")
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--tag", default="", help="suffix of the result files (a CPU family, a kernel)")
     p.add_argument("--systems", nargs="+", default=None, metavar="NAME",
                    help="run only these (written to decode_subset.json/.md, the full table stays)")
     args = p.parse_args(argv)
@@ -387,11 +405,14 @@ def main(argv: list[str] | None = None) -> int:
 
     report = {
         "date": time.strftime("%Y-%m-%d %H:%M"), "machine": f"{cpu_name()}, {os.cpu_count()} CPUs",
-        "threads": torch.get_num_threads(), "int4_decode_kernel": kernel_name(), "model": args.model, "tokens": args.tokens,
+        "cpu_features": cpu_features(), "threads": torch.get_num_threads(), "int4_decode_kernel": kernel_name(),
+        "llama_cpp_build": llama_build() if "llama_cpp" in systems else None, "model": args.model, "tokens": args.tokens,
         "runs": args.runs, "prompt": PROMPT, "systems": systems, "ratios": summarize(systems, args.model),
     }
     RESULTS.mkdir(exist_ok=True)
     stem = "decode_subset" if args.systems else "decode"
+    if args.tag:
+        stem += "_" + args.tag
     if args.model != DEFAULT_MODEL:  # another model's results sit beside the default's (decode_subset_<model>)
         stem += "_" + args.model
     (RESULTS / f"{stem}.json").write_text(json.dumps(report, indent=2))

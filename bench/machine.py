@@ -16,6 +16,34 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+FEATURES = ("avx2", "fma", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512vbmi", "avx512_bf16",
+            "amx_tile", "amx_int8", "amx_bf16", "asimd", "sve")
+"""The CPU flags that decide which kernels run (Ponder's int4 paths, torch's packing, llama.cpp's builds)."""
+
+
+def cpu_features() -> dict:
+    """The flags of FEATURES this CPU has, torch's CPU capability (what it packs int4 weights for; lowered by
+    ATEN_CPU_CAPABILITY, as when an AVX2 laptop is emulated) and that variable."""
+    import os
+
+    flags: set[str] = set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    except OSError:
+        pass
+    try:
+        import torch
+
+        capability = torch.backends.cpu.get_cpu_capability()
+    except ImportError:
+        capability = None
+    return {"flags": [f for f in FEATURES if f in flags], "torch_capability": capability,
+            "ATEN_CPU_CAPABILITY": os.environ.get("ATEN_CPU_CAPABILITY")}
+
+
 def per_call_s(fn, seconds: float = 0.3) -> float:
     """Seconds one call of `fn` takes: one warm-up call, then as many as fit in `seconds`."""
     import time
