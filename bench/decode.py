@@ -200,7 +200,27 @@ def kv_allocation(engine, contexts=(2048, 8192)) -> dict:
     return out
 
 
-def run_llama_cpp(model_id: str, tokens: int, runs: int, repack: bool) -> dict:
+def q4_0_gguf(gguf: Path, model_id: str) -> Path:
+    """The same GGUF re-quantized by llama.cpp's own quantizer to pure Q4_0 (every matrix, output included): the
+    same bits per weight as Ponder's int4 (4 + a 16-bit scale per 32), so the comparison is of kernels, not bit
+    widths. Made once, in the temp folder."""
+    import tempfile
+
+    import llama_cpp
+
+    out = Path(tempfile.gettempdir()) / f"ponder-bench-{model_id}-q4_0.gguf"
+    if not out.is_file():
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype, params.pure, params.allow_requantize = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0, True, True
+        params.quantize_output_tensor = True
+        part = Path(str(out) + ".part")
+        if llama_cpp.llama_model_quantize(str(gguf).encode(), str(part).encode(), params) != 0:
+            raise RuntimeError("llama.cpp could not quantize the GGUF to Q4_0")
+        part.replace(out)
+    return out
+
+
+def run_llama_cpp(model_id: str, tokens: int, runs: int, repack: bool, q4_0: bool = False) -> dict:
     import llama_cpp
 
     from core.loading import load_tokenizer
@@ -211,6 +231,8 @@ def run_llama_cpp(model_id: str, tokens: int, runs: int, repack: bool) -> dict:
     gguf = m.folder / "model.gguf"
     if not gguf.is_file():
         raise FileNotFoundError(f"{gguf} is missing")
+    if q4_0:
+        gguf = q4_0_gguf(gguf, model_id)
     if not repack:  # llama.cpp's extra (AMX/repack) buffers crash on some VMs: plain CPU buffers instead
         default = llama_cpp.llama_model_default_params
 
@@ -269,7 +291,7 @@ def one(name: str, model_id: str, tokens: int, runs: int) -> dict:
     if name in ("hf_fp32", "hf_bf16"):
         out = run_hf(name[3:], model_id, tokens, runs)
     elif name.startswith("llama_cpp"):
-        out = run_llama_cpp(model_id, tokens, runs, repack=name == "llama_cpp")
+        out = run_llama_cpp(model_id, tokens, runs, repack=not name.endswith("norepack"), q4_0="q4_0" in name)
     else:
         out = run_ponder(name, model_id, tokens, runs)
     out["peak_rss_mb"] = peak_rss_mb()
@@ -312,7 +334,9 @@ def summarize(systems: dict, model_id: str = DEFAULT_MODEL) -> dict:
     ok = {k: v for k, v in systems.items() if v and "error" not in v}
     ours = ok.get(default_system(model_id), {})
     llama = ok.get("llama_cpp") or ok.get("llama_cpp_norepack")
+    q4_0 = ok.get("llama_cpp_q4_0") or ok.get("llama_cpp_q4_0_norepack")
     ratios = {
+        "w4a16kv8_vs_llama_cpp_q4_0": ratio(ours.get("decode_tok_s"), q4_0["decode_tok_s"]) if q4_0 else None,
         "w4a16kv8_vs_hf_fp32": ratio(ours.get("decode_tok_s"), ok.get("hf_fp32", {}).get("decode_tok_s")),
         "w4a16kv8_vs_hf_bf16": ratio(ours.get("decode_tok_s"), ok.get("hf_bf16", {}).get("decode_tok_s")),
         "w4a16kv8_vs_llama_cpp": ratio(ours.get("decode_tok_s"), llama["decode_tok_s"]) if llama else None,
@@ -386,19 +410,20 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     names = ["hf_bf16", default_system(args.model)] if args.quick else ["hf_fp32", "hf_bf16", *PONDER_SYSTEMS, *VARIANTS]
     if args.systems:
-        unknown = set(args.systems) - {"hf_fp32", "hf_bf16", *PONDER_SYSTEMS, *VARIANTS, "llama_cpp"}
+        unknown = set(args.systems) - {"hf_fp32", "hf_bf16", *PONDER_SYSTEMS, *VARIANTS, "llama_cpp", "llama_cpp_q4_0"}
         if unknown:
             p.error(f"unknown systems: {', '.join(sorted(unknown))}")
-        names = [n for n in args.systems if n != "llama_cpp"]
+        names = [n for n in args.systems if not n.startswith("llama_cpp")]
     for name in names:  # quantize-once happens here, so the measured processes only restore
         if name in PONDER_SYSTEMS or name in VARIANTS:
             subprocess.run([sys.executable, "-m", "bench.decode", "--prepare", name, "--model", args.model],
                            check=True, cwd=Path(__file__).resolve().parent.parent, capture_output=True)
     systems = {n: spawn(n, args) for n in names}
-    if llama_available() and not args.quick and (not args.systems or "llama_cpp" in args.systems):
-        systems["llama_cpp"] = spawn("llama_cpp", args)
-        if "error" in systems["llama_cpp"]:
-            systems["llama_cpp_norepack"] = spawn("llama_cpp_norepack", args)
+    for gguf in ("llama_cpp", "llama_cpp_q4_0"):  # the embedded GGUF, then llama.cpp's own pure Q4_0 of it
+        if llama_available() and not args.quick and (not args.systems or gguf in args.systems):
+            systems[gguf] = spawn(gguf, args)
+            if "error" in systems[gguf]:
+                systems[f"{gguf}_norepack"] = spawn(f"{gguf}_norepack", args)
     import torch
 
     from models.int4_kernel import kernel_name
@@ -406,7 +431,8 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "date": time.strftime("%Y-%m-%d %H:%M"), "machine": f"{cpu_name()}, {os.cpu_count()} CPUs",
         "cpu_features": cpu_features(), "threads": torch.get_num_threads(), "int4_decode_kernel": kernel_name(),
-        "llama_cpp_build": llama_build() if "llama_cpp" in systems else None, "model": args.model, "tokens": args.tokens,
+        "llama_cpp_build": llama_build() if any(n.startswith("llama_cpp") for n in systems) else None,
+        "model": args.model, "tokens": args.tokens,
         "runs": args.runs, "prompt": PROMPT, "systems": systems, "ratios": summarize(systems, args.model),
     }
     RESULTS.mkdir(exist_ok=True)
