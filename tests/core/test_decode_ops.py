@@ -1,14 +1,18 @@
-"""core.decode_ops: the C decode attention over the int8 cache against its torch twin and a float64 reference."""
+"""core.decode.ops: the C decode attention over the int8 cache against its torch twin and a float64 reference."""
 from __future__ import annotations
 
 import copy
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from core import decode_ops
-from core.cache import Int8KVLayer, quantize_int8
+from core.decode import ops as decode_ops
+from core.decode.cache import Int8KVLayer, quantize_int8
 
 needs_kernel = pytest.mark.skipif(decode_ops._decode_ops is None, reason="C extension not built here")
 
@@ -142,8 +146,21 @@ def test_shapes_outside_the_kernel_raise():
         step(0, 0, 0)
 
 
-def test_kernel_name_says_what_runs():
-    assert decode_ops.kernel_name() in ("ponder", "torch", "torch (ponder kernel not built)")
+def test_kernel_name_says_what_runs(monkeypatch):
+    """Each of the three states has its own name, and the name follows the switch that decides what runs."""
+    built = object()
+    for module, enabled, name in ((built, True, "ponder"), (built, False, "torch"),
+                                  (None, False, "torch (ponder kernel not built)")):
+        monkeypatch.setattr(decode_ops, "_decode_ops", module)
+        monkeypatch.setattr(decode_ops, "ENABLED", enabled)
+        assert decode_ops.kernel_name() == name
+    monkeypatch.undo()
+    if decode_ops._decode_ops is not None:  # PONDER_DECODE_OPS=torch (any case) turns a built kernel off
+        code = "from core.decode import ops; print(ops.ENABLED, ops.kernel_name())"
+        for value, shown in (("Torch", "False torch"), ("", "True ponder")):
+            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                                 cwd=Path(__file__).parents[2], env={**os.environ, "PONDER_DECODE_OPS": value})
+            assert out.stdout.strip().splitlines()[-1:] == [shown], out.stderr
 
 
 @needs_kernel

@@ -5,14 +5,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from core import adapters
-from core.datasets import Item, load_items
+from core.adapters import lora as adapters
+from core.data.datasets import Item, load_items
 from core.engine import Engine
-from core.evaluate import evaluate
-from core.head_training import platt_scaling, train_switcher, train_verifier, verifier_data, within_question_auc_oof
-from core.router import Router
-from core.verifier import Verifier
-from core.voting import is_correct
+from core.evaluation.evaluate import evaluate
+from core.reasoning.router import Router
+from core.reasoning.verifier import Verifier
+from core.reasoning.voting import is_correct
+from core.training.heads import platt_scaling, train_switcher, train_verifier, verifier_data, within_question_auc_oof
 from tests.tiny import make_model, make_tokenizer
 
 
@@ -29,7 +29,10 @@ def test_switcher_trains_saves_and_routes(engine, tmp_path):
             ["sea", "sky", "dog", "cat", "tree", "sun", "moon", "rain", "snow", "wind", "city", "road"]]
     metrics = train_switcher(engine, reason, chat, tmp_path / "sw", report=lambda m: None,
                              source={"command": "ponder train switcher --per-file 12"})
-    assert metrics["n_train"] + metrics["n_val"] == 24 and metrics["train_accuracy"] >= 0.5
+    assert metrics["n_train"] + metrics["n_val"] == 24
+    # arithmetic questions against poem requests differ in every token: even the random model's pooled states
+    # separate them, seen and held out (measured: probabilities within 1e-4 of 0 and 1)
+    assert metrics["train_accuracy"] == metrics["val_accuracy"] == metrics["val_auc"] == 1.0
     saved = json.loads((tmp_path / "sw" / "head.json").read_text())
     assert saved["trained_on"]["command"] == "ponder train switcher --per-file 12"
     assert saved["trained_on"]["feature_seconds"] >= 0 and saved["hidden_size"] == 128
@@ -38,19 +41,41 @@ def test_switcher_trains_saves_and_routes(engine, tmp_path):
     try:
         from core.config import SamplingConfig
 
-        answer = engine.generate("What is 3*6?", SamplingConfig(temperature=0, max_tokens=3), mode="auto", budget=4,
-                                 answer_max_tokens=2)
-        assert answer.route.source == "switcher" and 0.0 <= answer.route.probability <= 1.0
-        assert answer.route.reason == (answer.route.probability >= router.threshold)
+        def route(prompt):
+            return engine.generate(prompt, SamplingConfig(temperature=0, max_tokens=3), mode="auto", budget=4,
+                                   answer_max_tokens=2).route
+
+        # unseen prompts of each kind go where their kind was labelled (measured: 0.99995 and 6e-6)
+        sums, poem = route("What is 3*6?"), route("Write a short poem about the river.")
+        assert sums.source == poem.source == "switcher"
+        assert sums.reason and sums.probability > 0.9 and sums.probability >= router.threshold
+        assert not poem.reason and poem.probability < 0.1
     finally:
         engine.router = None
 
 
 def test_verifier_data_and_training(engine, tmp_path):
-    items = [Item("What is 2+2?", "4", "gsm8k"), Item("What is 3+3?", "6", "gsm8k")]
-    x, y, groups = verifier_data(engine, items, samples=2, budget=4, answer_max_tokens=3, report=lambda m: None)
-    assert x.shape == (4, 128) and set(y.tolist()) <= {0.0, 1.0}
-    y = torch.tensor([1.0, 0.0, 1.0, 0.0])  # the random model is never right: give the fit both classes
+    """The random model is made to answer: sample row 0 writes only the digit 4, row 1 only 5 (a logit bias no CPU's
+    rounding moves), so each answer's label is known: "Final answer: 444" is right for a gold 444 and wrong for
+    555, whatever the question. The labels must come from each candidate's own answer against its own gold."""
+    tok = engine.tokenizer
+    digits = [tok.convert_tokens_to_ids(d) for d in "45"]
+
+    def says(module, args, logits):
+        bias = torch.zeros(logits.shape[0], 1, logits.shape[-1], dtype=logits.dtype)
+        for row in range(logits.shape[0]):
+            bias[row, 0, digits[row % 2]] = 1000.0
+        return logits + bias
+
+    items = [Item("What is 2+2?", "444", "gsm8k"), Item("What is 3+3?", "555", "gsm8k")]
+    hook = engine.model.get_output_embeddings().register_forward_hook(says)
+    try:
+        x, y, groups = verifier_data(engine, items, samples=2, budget=4, answer_max_tokens=3, report=lambda m: None)
+    finally:
+        hook.remove()
+    assert x.shape == (4, 128) and groups.tolist() == [0, 0, 1, 1]
+    assert y.tolist() == [1.0, 0.0, 0.0, 1.0]  # 444 right then 555 wrong; 444 wrong then 555 right
+    assert not torch.equal(x[0], x[1])  # each answer's own hidden state, not one row per question
     metrics = train_verifier(x, y, groups, tmp_path / "v", hidden_size=128, model_id="tiny", precision="bf16")
     assert metrics["n_train"] + metrics["n_val"] == 4
     assert metrics["within_question_auc_oof"]["questions_with_both"] == 2

@@ -9,7 +9,7 @@ import json
 import pytest
 from safetensors import safe_open
 
-from core.paths import resource_dir
+from core.storage.paths import resource_dir
 from models.registry import KNOWN_MODELS
 
 COMPONENTS = resource_dir() / "components"
@@ -57,4 +57,12 @@ def test_heads_read_their_models_hidden_states(model_dir, kind):
     assert head["hidden_size"] == KNOWN_MODELS[model_dir.name].hidden_size
     assert head["trained_on"]["command"].startswith(f"ponder train {kind}")
     if kind == "verifier":  # the ranking a weighted vote needs, measured out of fold, is part of what ships
-        assert 0.0 <= head["within_question_auc_oof"]["auc"] <= 1.0
+        oof = head["within_question_auc_oof"]
+        # it ranks a question's right answers above its wrong ones better than a coin (0.5; a head trained on
+        # labels that do not match its features measures about that, one with its sign flipped 1 - auc), over
+        # enough questions for the mean to say so (shipped: 0.597 over 23 questions, 0.683 over 32)
+        assert oof["auc"] > 0.55 and oof["questions_with_both"] >= 20
+        cv = head["cv_auc"]  # measured at the weight decay that ships: the one cross-validation picked
+        assert float(max(cv, key=cv.get)) == head["weight_decay"]
+        assert f"weight decay {head['weight_decay']}," in oof["note"]
+        assert head.get("calibration", {"scale": 1.0})["scale"] > 0  # a negative scale would rank backwards

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.model
 
 @pytest.fixture(scope="module")
 def installed():
-    from core.model_store import ModelStore
+    from core.storage.model_store import ModelStore
 
     store = ModelStore()
     if not store.is_installed(DEFAULT_MODEL_ID):
@@ -47,7 +47,13 @@ def test_install_is_complete_and_verified(installed):
 # Measured on an AMD EPYC (AVX-512) with W4: agreement 0.930, sums 12/12; the same CPU limited to AVX2
 # (ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2, weights re-packed): 0.926, 12/12. With W4-FPT, the default
 # since 2026-12-01: 0.953, 12/12 on the EPYC. Floors leave margin.
+# Top-1 agreement cannot tell W4-FPT from plain W4: over the 257 reply positions, 40 have a bf16 top-2 gap under
+# 1 nat (4 exact bf16 ties), which int4 rounding of either kind flips. On an Intel Xeon (AVX-512): W4-FPT 0.926
+# (238/257), W4 0.922 (237/257), and W4 with AVX2 kernels 0.926, W4-FPT's own rate. The mean KL(bf16 ‖ model)
+# over the same positions is a smooth average and does: W4-FPT 0.046 nats, W4 0.085 (0.086 with AVX2 kernels:
+# the kernels move it by 2%), so its ceiling sits between them, about 1.35× from each.
 AGREEMENT_FLOOR = 0.85
+KL_CEILING = 0.062
 ARITHMETIC_FLOOR = 10
 SYSTEM = "Answer briefly."  # short: every token of the prompts is prefilled twice per test
 PAIRS = [  # (user message, a reply fed to both models)
@@ -81,10 +87,11 @@ ARITHMETIC = [(a, op, b) for a, op, b in [(7, "+", 5), (9, "+", 8), (15, "-", 6)
                                           (14, "-", 9), (11, "*", 11)]]
 
 
-def top1(model, kv: str, rows: list[tuple[list[int], int]], batch: int = 20) -> list[list[int]]:
-    """The model's top-1 next token at every position from `start` on, for each (ids, start), teacher-forced:
-    rows decode together, right-padded (padding only follows the tokens that matter), logits only where needed."""
-    from core.cache import new_cache
+def next_logprobs(model, kv: str, rows: list[tuple[list[int], int]], batch: int = 20) -> list[torch.Tensor]:
+    """The model's float32 next-token log-probabilities (positions, vocab) at every position from `start` on, for
+    each (ids, start), teacher-forced: rows decode together, right-padded (padding only follows the tokens that
+    matter), logits only where needed."""
+    from core.decode.cache import new_cache
 
     out = []
     for i in range(0, len(rows), batch):
@@ -94,9 +101,14 @@ def top1(model, kv: str, rows: list[tuple[list[int], int]], batch: int = 20) -> 
         with torch.inference_mode():
             logits = model(input_ids=ids, cache=new_cache(model.config, kv), use_cache=True,
                            logits_to_keep=torch.arange(first, length)).logits
-        top = logits.argmax(-1)
-        out += [top[j, start - first:len(ids_) - first].tolist() for j, (ids_, start) in enumerate(chunk)]
+        out += [logits[j, start - first:len(ids_) - first].float().log_softmax(-1)
+                for j, (ids_, start) in enumerate(chunk)]
     return out
+
+
+def top1(model, kv: str, rows: list[tuple[list[int], int]], batch: int = 20) -> list[list[int]]:
+    """The model's top-1 next token at every position from `start` on, for each (ids, start), teacher-forced."""
+    return [lp.argmax(-1).tolist() for lp in next_logprobs(model, kv, rows, batch)]
 
 
 def reply_rows(engine, pairs=PAIRS) -> list[tuple[list[int], int]]:
@@ -108,12 +120,15 @@ def reply_rows(engine, pairs=PAIRS) -> list[tuple[list[int], int]]:
     return rows
 
 
-def agreement(engine, bf16, pairs=PAIRS, detail=False):
-    """Top-1 next-token agreement of the W4A16KV8 model with bf16 on every reply position (teacher-forced)."""
+def closeness(engine, bf16, pairs=PAIRS) -> tuple[float, float]:
+    """(top-1 next-token agreement, mean KL(bf16 ‖ W4A16KV8) in nats) of the engine's model with bf16 over every
+    reply position (teacher-forced)."""
     rows = [(ids[:-1], start) for ids, start in reply_rows(engine, pairs)]  # the last token predicts nothing
-    per = [(sum(g == r for g, r in zip(got, ref, strict=True)), len(got))
-           for got, ref in zip(top1(engine.model, "int8", rows), top1(bf16, "bf16", rows), strict=True)]
-    return per if detail else sum(a for a, _ in per) / sum(n for _, n in per)
+    got, ref = next_logprobs(engine.model, "int8", rows), next_logprobs(bf16, "bf16", rows)
+    positions = sum(len(r) for r in ref)
+    agree = sum(int((g.argmax(-1) == r.argmax(-1)).sum()) for g, r in zip(got, ref, strict=True))
+    kl = sum(float((r.exp() * (r - g)).sum()) for g, r in zip(got, ref, strict=True))
+    return agree / positions, kl / positions
 
 
 def arithmetic_hits(engine, model, kv: str) -> int:
@@ -142,13 +157,15 @@ def test_w4a16kv8_generates_and_stops(engine):
 
 
 def test_w4_keeps_bf16_quality(engine, bf16):
-    """Top-1 agreement of W4A16KV8 (adapter off) with the bf16 model over 20 chat replies, and easy sums."""
-    from core import adapters
+    """Top-1 agreement and KL of W4A16KV8 (adapter off) against the bf16 model over 20 chat replies, and easy
+    sums. The KL ceiling is what the default weights, W4-FPT, meet and plain W4 does not."""
+    from core.adapters import lora as adapters
 
     with adapters.base(engine.model):
-        rate = agreement(engine, bf16)
+        rate, kl = closeness(engine, bf16)
         sums = arithmetic_hits(engine, engine.model, "int8")
     assert rate >= AGREEMENT_FLOOR, rate
+    assert kl <= KL_CEILING, kl
     assert sums >= ARITHMETIC_FLOOR, sums
 
 
@@ -181,9 +198,9 @@ def test_fpt_transforms_preserve_the_real_model_and_its_adapter(installed):
     """Before quantization the FPTQuant° rewrite is exact on the 0.5B: the calibrated scales of its prepared
     W4-FPT weights plus a residual rotation give the float model's logits, with and without the shipped adapter
     (its LoRA factors moved into the transformed basis)."""
-    from core import adapters
+    from core.adapters import lora as adapters
     from core.loading import load_plain, load_tokenizer, quantized_dir
-    from core.paths import resource_dir
+    from core.storage.paths import resource_dir
     from models.fpt import FptSpec, apply_fpt, random_rotation
 
     m = installed.get(DEFAULT_MODEL_ID)
