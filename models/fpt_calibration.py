@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from . import int4_grid
 from .fpt import FptSpec, _head_dim, apply_fpt, random_rotation
 
 ALPHAS = tuple(i / 10 for i in range(11))
@@ -25,12 +26,7 @@ ROWS_KEPT = 1024
 
 def fake_int4(w: torch.Tensor, group: int) -> torch.Tensor:
     """Asymmetric min-max int4 rounding per `group` inputs of each output row (how the W4 layers are stored)."""
-    out_f, in_f = w.shape
-    g = w.reshape(out_f, in_f // group, group)
-    lo, hi = g.amin(-1, keepdim=True), g.amax(-1, keepdim=True)
-    scale = ((hi - lo) / 15).clamp_(min=1e-8)
-    q = ((g - lo) / scale).round_().clamp_(0, 15)
-    return (q * scale + lo).reshape(out_f, in_f)
+    return int4_grid.fake_quantize(w, group)
 
 
 def fake_int8_rows(x: torch.Tensor, width: int) -> torch.Tensor:

@@ -21,6 +21,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from . import int4_grid
+
 try:
     from models import _gptq  # the column loop in C (models/_gptq.c), built at install where a compiler is
 except ImportError:
@@ -36,15 +38,10 @@ GRAM_BLOCK = 1024
 
 def _grid(w: torch.Tensor, importance: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row of w (n, group): bf16-exact (scale, zero) of the clipped min-max grid with least weighted error."""
-    lo, hi = w.amin(1), w.amax(1)
-    mid = (lo + hi) / 2
     best = None
     for ratio in CLIP_RATIOS:
-        clo, chi = mid + (lo - mid) * ratio, mid + (hi - mid) * ratio
-        scale = ((chi - clo) / 15).clamp(min=1e-8).to(torch.bfloat16).float()
-        zero = (clo + 8 * scale).to(torch.bfloat16).float()
-        q = ((w - zero[:, None]) / scale[:, None] + 8).round_().clamp_(0, 15)
-        err = (((q - 8) * scale[:, None] + zero[:, None] - w).pow(2) * importance).sum(1)
+        scale, zero = int4_grid.minmax(w, ratio, bf16=True)
+        err = ((int4_grid.dequantize(int4_grid.codes(w, scale, zero), scale, zero) - w).pow(2) * importance).sum(1)
         if best is None:
             best = [err, scale, zero]
         else:
@@ -156,15 +153,15 @@ def codes_fingerprint(codes: dict[str, tuple[torch.Tensor, torch.Tensor, torch.T
 def set_int4(module: nn.Module, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> None:
     """Replace the packed int4 weight of a quantized linear (torch's CPU layout) by these codes and grid."""
     w = module.weight
-    w._data._data = torch._convert_weight_to_int4pack_for_cpu(codes.contiguous(), 1)
-    w._scale_shift = torch.stack((scale.t(), zero.t()), -1).contiguous()  # (k / group, n, 2)
+    w._data._data = int4_grid.pack(codes)
+    w._scale_shift = torch.stack((scale.t(), zero.t()), -1).contiguous()  # (k / group, n, 2), in the grid's dtype
 
 
 def dequantize(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group: int) -> torch.Tensor:
     """The (n, k) float weight the codes stand for, as the kernel computes it."""
     s = scale.float().repeat_interleave(group, 1)
     z = zero.float().repeat_interleave(group, 1)
-    return (codes.float() - 8) * s + z
+    return (codes.float() - int4_grid.MID) * s + z
 
 
 def add_gram(acc: torch.Tensor, x: torch.Tensor) -> None:

@@ -19,6 +19,8 @@ import threading
 
 import torch
 
+from models import int4_grid
+
 try:
     from models import _int4
 except ImportError:  # not built here (no C compiler at install): torch's kernel runs everything
@@ -50,7 +52,7 @@ def _reads_this_torch_layout(code: int) -> bool:
     gen = torch.Generator().manual_seed(0)
     q = torch.randint(0, 16, (128, 256), dtype=torch.int32, generator=gen)
     scales = (torch.rand(2, 128, 2, generator=gen) * 0.02).to(torch.bfloat16)
-    packed = torch._convert_weight_to_int4pack_for_cpu(q, 1)
+    packed = int4_grid.pack(q)
     x = torch.randn(2, 256, generator=gen).to(torch.bfloat16)
     out = torch.empty(2, 128, dtype=torch.bfloat16)
     _int4.mm(packed.data_ptr(), scales.data_ptr(), x.data_ptr(), out.data_ptr(), 2, 128, 256, 128, code)

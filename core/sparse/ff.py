@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
+from models import int4_grid
 from models.int4_kernel import int4_mm
 from models.quantization import unpack_matches_kernel
 
@@ -215,18 +216,6 @@ class CutFF:
         return out if self.branch is None else out + self.branch(x)
 
 
-def pack_int4(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(packed weight, scales and zeros) of float `w` (n, k) rounded to int4, min-max per `group` inputs, in torch's
-    CPU layout (blocks of 64 rows; the kernel computes (q − 8)·scale + zero)."""
-    n, k = w.shape
-    g = w.float().view(n, k // group, group)
-    lo, hi = g.amin(-1), g.amax(-1)
-    scale = ((hi - lo) / 15).clamp_min(1e-8)
-    q = ((g - lo[..., None]) / scale[..., None]).round_().clamp_(0, 15).to(torch.int32).view(n, k)
-    packed = torch._convert_weight_to_int4pack_for_cpu(q.contiguous(), 1)
-    return packed, torch.stack((scale.t(), (lo + 8 * scale).t()), -1).to(torch.bfloat16).contiguous()
-
-
 def _foldable_int4(u: CutLinear, d: CutLinear, rank: int, hidden: int) -> bool:
     return (u.kind == "int4" and d.kind == "int4" and d.group == CHUNK and rank % BLOCK == 0
             and hidden % u.group == 0 and hidden % BLOCK == 0)
@@ -245,8 +234,8 @@ def fold_branch(block: CutFF, up: torch.Tensor, down: torch.Tensor) -> bool:
             [d.weight, down.to(d.weight.dtype)], dim=1)
         up_scales = down_scales = None
     elif _foldable_int4(u, d, r, hidden):
-        packed_r, scales_r = pack_int4(up, u.group)
-        packed_l, scales_l = pack_int4(down, CHUNK)
+        packed_r, scales_r = int4_grid.quantize_packed(up, u.group)
+        packed_l, scales_l = int4_grid.quantize_packed(down, CHUNK)
         up_weight, up_scales = torch.cat([u.weight, packed_r]), torch.cat([u.scales, scales_r], dim=1)
         cols = d.weight.numel() * 2 // hidden
         down_weight = torch.cat([d.weight.view(hidden // BLOCK, cols, BLOCK // 2),

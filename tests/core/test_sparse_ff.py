@@ -7,6 +7,7 @@ from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP
 
 from core.config import SamplingConfig
 from core.sparse import ff as sparse_ff
+from models import int4_grid
 from models.quantization import quantize_model, unpack_matches_kernel
 from tests.tiny import make_reasoning_engine
 
@@ -135,8 +136,8 @@ def test_a_rank_64_branch_folds_into_packed_int4_blocks_rounded_to_int4():
     packed = unpack_matches_kernel()
     kept = sparse_ff.choose_neurons(torch.rand(512), 256, group=128)
     up, down = torch.randn(64, 256) / 16, torch.randn(256, 64) / 16
-    r_int4 = _kernel_weight(*sparse_ff.pack_int4(up, 128), 64, 256, 128)
-    l_int4 = _kernel_weight(*sparse_ff.pack_int4(down, sparse_ff.CHUNK), 256, 64, sparse_ff.CHUNK)
+    r_int4 = _kernel_weight(*int4_grid.quantize_packed(up, 128), 64, 256, 128)
+    l_int4 = _kernel_weight(*int4_grid.quantize_packed(down, sparse_ff.CHUNK), 256, 64, sparse_ff.CHUNK)
     assert (r_int4.float() - up).norm() < 0.1 * up.norm() and (l_int4.float() - down).norm() < 0.1 * down.norm()
     beside, folded = sparse_ff.cut_layer(mlp, kept), sparse_ff.cut_layer(mlp, kept)
     r_want, l_want = (r_int4, l_int4) if packed else (up.bfloat16(), down.bfloat16())
