@@ -22,6 +22,8 @@ except ImportError:  # not built here (no C compiler at install)
     _decode_ops = None
 
 ENABLED = _decode_ops is not None and os.environ.get("PONDER_DECODE_OPS", "").lower() != "torch"
+if _decode_ops is not None and torch.backends.cpu.get_cpu_capability() != "AVX512":
+    _decode_ops.use_avx512(False)  # as torch's own kernels do when ATEN_CPU_CAPABILITY lowers them (an AVX2 laptop)
 
 
 def kernel_name() -> str:
