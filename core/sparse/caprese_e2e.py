@@ -3,7 +3,7 @@ distribution matches the dense model's, KL(p_dense ‖ p_sparse+branches), on te
 
 The layer-wise fit (core.sparse.caprese) makes each block's output close to the dense block's on the dense model's
 inputs; the errors it leaves still add up through 24 layers, and what each layer misses matters unequally for
-the next token. This stage starts from those branches and descends on the output distribution (algorithms.md
+the next token. This stage starts from those branches and descends on the output distribution (docs/algorithms.md
 B.3, "E2E"). It runs on the weights the app serves, dequantized to their exact grid so backward runs on dense
 bf16 kernels (as SFT does, QAMR), with the reasoning adapter on for the response as in Reason mode; the model's
 weights and the adapter stay frozen, only the branches' L and R learn.

@@ -1,6 +1,6 @@
 """CATS: a per-layer threshold on |SiLU(gate)| that zeroes the weakest feed-forward activations of each token.
 
-Calibration (algorithms.md B.2): over the response tokens of calibration text (math solutions and chat replies),
+Calibration (docs/algorithms.md B.2): over the response tokens of calibration text (math solutions and chat replies),
 layer ℓ's threshold t_ℓ is the `sparsity`-quantile of |SiLU(W_gate·x)|; at decode, h = SiLU(W_gate·x) with
 h[|h| < t_ℓ] = 0, and FF(x) = W_down·(h ⊙ W_up·x). Prefill stays dense. The paper turns the zeros into speed
 with a custom sparse GEMV; torch's packed int4 kernels on the CPU have none, so here CATS still reads every

@@ -1,6 +1,6 @@
 """GRIFFIN sparse feed-forward for decoding: each prompt picks the feed-forward neurons its answer uses.
 
-GRIFFIN (algorithms.md B.1): the prefill runs dense; there, the input of each layer's down projection,
+GRIFFIN (docs/algorithms.md B.1): the prefill runs dense; there, the input of each layer's down projection,
 z = SiLU(gate(x)) · up(x) of shape (T, I), is L2-normalised per token, and neuron j scores the norm of its
 column over the prompt's tokens. The top `keep` share of neurons (rounded to whole blocks of 64, the packed
 kernel's unit) is kept, and one-token decode steps run gate / up / down cut to them: gate and up lose rows,

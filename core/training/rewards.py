@@ -4,7 +4,7 @@ masked two-pass log-probs it is taken on (`policy_update`, one GRPO optimizer st
 The reward, advantage and loss functions are pure (floats and tensors in and out), so every number is checkable
 by hand.
 - `barrier(L; B, m)`: 1 up to (1−m)·B, falling linearly to 0 at (1+m)·B, 0 beyond (the paper's soft barrier
-  with penalty floor p = 0; algorithms.md A.4b).
+  with penalty floor p = 0; docs/algorithms.md A.4b).
 - `reward = correct × barrier`: a wrong answer earns nothing however short; a right one loses reward as it
   overruns the stated budget.
 - `group_advantages`: GRPO's (r − mean) / (std + eps) over one question's G samples (population std, 1/G);
