@@ -86,29 +86,36 @@ def test_a_clear_vote_is_ticked_and_not_called_a_tie(window, loop):
 
 
 def test_a_question_stopped_while_queued_is_marked_stopped_not_failed(qtbot, loop, tmp_path):
-    """The window's request waits behind another job on the shared engine thread (e.g. the local server's); Stop
-    before it starts leaves a stopped reply, not an "incomplete" one that reads like a crash."""
-    from app.engine_worker import Generation
-    from core.config import SamplingConfig
+    """The window's request waits behind a job that needs the engine alone (a model or adapter switch; generations
+    from the local server would decode beside it instead); Stop before it starts leaves a stopped reply, not an
+    "incomplete" one that reads like a crash."""
+    import threading
+
     from tests.qt_helpers import run_until
     from tests.ui.helpers import make_window
     from tests.ui.scripted_engine import ScriptedEngine
 
-    win = make_window(qtbot, loop, tmp_path, ScriptedEngine(delay_s=0.2))  # the other job: 4 tokens, 0.8 s
-    other = Generation("stream", "a long answer for another client",
-                       SamplingConfig(temperature=0, max_tokens=200), source="server")
-    busy = win.service.worker.generate(other, lambda event: None)
-    assert run_until(loop, lambda: win.service.worker.busy, 5)
+    engine = ScriptedEngine(delay_s=0.2)
+    win = make_window(qtbot, loop, tmp_path, engine)
+    release, holding = threading.Event(), threading.Event()
+
+    def switch():  # holds the engine alone until released
+        holding.set()
+        return release.wait(30)
+
+    exclusive = win.service.worker.submit(switch)
+    assert holding.wait(5)
     win.composer.apply("base", 8, 1)
     win.composer.input.setPlainText("Are you there?")
     win.composer.send_button.click()
-    assert run_until(loop, lambda: win.service.busy, 5)
+    assert run_until(loop, lambda: win.service.worker.waiting == 1, 5)  # queued behind the switch
     win.composer.stopRequested.emit()
-    other.cancel.set()
+    release.set()
+    assert exclusive.result(10) is True
     assert run_until(loop, lambda: not win.service.busy, 30)
     reply = win.controller.messages()[-1]
     assert reply.role == "assistant" and reply.status == "cancelled"
-    assert busy.result(10) is not None  # the other job finished too: the engine thread is free
+    assert not any(name == "stream" for name, _ in engine.calls)  # stopped before it reached the engine
     win.service.shutdown()
 
 

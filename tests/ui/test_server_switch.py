@@ -1,5 +1,5 @@
 """The Settings switch "Serve the OpenAI API on 127.0.0.1:PORT": the window's engine answers both the window and
-an OpenAI client (taking turns on one thread), the switch stops it, a taken port is reported, not raised."""
+an OpenAI client (decoding side by side in one batch), the switch stops it, a taken port is reported, not raised."""
 import threading
 from dataclasses import replace
 
@@ -40,10 +40,11 @@ def test_the_switch_serves_the_windows_engine_and_stops(window, loop):
         model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=200, extra_body={"ignore_eos": True})))
     long.start()
     assert run_until(loop, lambda: window.service.worker.busy, 5)
-    message = ask(window, loop, "hello", "base")  # queued behind the server's request, then answered
+    message = ask(window, loop, "hello", "base")  # joins the server's request at the next step
     long.join(60)
     assert message.role == "assistant" and message.content and reply["r"].usage.completion_tokens == 200
-    assert [r.source for r in list(window.service.worker.recent)[-2:]] == ["server", "window"]
+    # the window's short answer ended while the server's 200 tokens were still decoding: it did not wait its turn
+    assert [r.source for r in list(window.service.worker.recent)[-2:]] == ["window", "server"]
     window.apply_settings(replace(window.settings, serve=False))
     assert window.server.url is None and "stopped" in window.status.text()
     with pytest.raises(httpx.ConnectError):
