@@ -1,16 +1,18 @@
-"""EngineWorker: the threads that call the Engine, and the FIFO queue of work waiting for them.
+"""EngineWorker: the one thread that runs the Engine, and the FIFO queue of work waiting for it.
 
 Every caller of the model goes through here: the window (through `EngineService`) and the local OpenAI server
 (`app.server`). With `max_batch` 1, jobs run one at a time in the order they were submitted, so a long answer for
 one client makes the next request wait instead of failing. With `max_batch` N > 1, up to N generations run at
-once, each on its own thread: they take turns on the model between decode steps, and on packed int4 weights
-their steps run as one (core.decode.joint), so a request that arrives while others decode joins the batch at
-the next step. Plain jobs (loading a model, switching adapters) still run alone: they wait for the running
-generations and hold back new ones. A generation is a `Generation` value; its events are handed to a
-callback on the worker thread (the caller moves them to its own thread), and setting its `cancel` Event stops
-it within one decode step, or before it starts when it is still queued. Adapters from the adapter library are
-loaded here too, on the engine thread and without reloading the model: a request's skill adapter (its `skill`
-option) before the request runs, the reasoning adapter when the user picks one. No Qt, no asyncio loop of its own.
+once on the engine thread, each in a greenlet: they take turns on the model between decode steps, and on packed
+int4 weights their steps run as one (core.decode.joint), so a request that arrives while others decode joins the
+batch at the next step. Plain jobs (loading a model, switching adapters) still run alone: they wait for the
+running generations and hold back new ones. All model work stays on one thread because torch's and the int4
+kernel's OpenMP teams are per thread, and more than one on 2 cores makes every matmul slower (core.decode.joint).
+A generation is a `Generation` value; its events are handed to a callback on the engine thread (the caller moves
+them to its own thread), and setting its `cancel` Event stops it within one decode step, or before it starts when
+it is still queued. Adapters from the adapter library are loaded here too, on the engine thread and without
+reloading the model: a request's skill adapter (its `skill` option) before the request runs, the reasoning adapter
+when the user picks one. No Qt, no asyncio loop of its own.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 
 from core.config import SamplingConfig
@@ -74,44 +76,37 @@ class JobRecord:
     ran_s: float
 
 
-class _Gate:
-    """Shared for generations, exclusive for plain jobs; a waiting plain job holds back new generations."""
+@dataclass(eq=False)
+class _Plain:
+    fn: Callable
+    args: tuple
+    kwargs: dict
+    future: Future = field(default_factory=Future)
 
-    def __init__(self):
-        self._cond = threading.Condition()
-        self._shared = 0
-        self._exclusive = False
-        self._waiting = 0
 
-    @contextlib.contextmanager
-    def shared(self):
-        with self._cond:
-            self._cond.wait_for(lambda: not self._exclusive and not self._waiting)
-            self._shared += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._shared -= 1
-                self._cond.notify_all()
+@dataclass(eq=False)
+class _Gen:
+    gen: Generation
+    on_event: Callable
+    queued_at: float
+    future: Future = field(default_factory=Future)
 
-    @contextlib.contextmanager
-    def exclusive(self):
-        with self._cond:
-            self._waiting += 1
-            self._cond.wait_for(lambda: not self._exclusive and not self._shared)
-            self._waiting -= 1
-            self._exclusive = True
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._exclusive = False
-                self._cond.notify_all()
+
+class _EngineExecutor(Executor):
+    """The engine thread as a concurrent.futures Executor (for `loop.run_in_executor`): plain jobs."""
+
+    def __init__(self, worker: EngineWorker):
+        self._worker = worker
+
+    def submit(self, fn, /, *args, **kwargs) -> Future:
+        return self._worker.submit(fn, *args, **kwargs)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        self._worker.shutdown(wait)
 
 
 class EngineWorker:
-    """Owns the Engine and the threads allowed to call it; a FIFO of jobs in front of them."""
+    """Owns the Engine and the one thread allowed to run it; a FIFO of jobs in front of it."""
 
     def __init__(self, engine=None, *, max_waiting: int = 64, max_batch: int = 1, name: str = "ponder-engine"):
         self.engine = engine
@@ -119,16 +114,17 @@ class EngineWorker:
         self.max_waiting = max_waiting
         self.max_batch = max_batch
         """Generations that run at once (1: one at a time, first come first served)."""
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
-        self._pool = (ThreadPoolExecutor(max_workers=max_batch, thread_name_prefix=f"{name}-batch")
-                      if max_batch > 1 else None)
-        self._gate = _Gate()
-        self._threads: int | None = None
+        self.executor = _EngineExecutor(self)
+        """The engine thread as an Executor (plain jobs), for `loop.run_in_executor`."""
         self.recent: deque[JobRecord] = deque(maxlen=32)
-        self._lock = threading.Lock()
+        self._cond = threading.Condition()
+        self._jobs: deque[_Plain | _Gen] = deque()
         self._queued = 0
         self._running = 0
+        self._stopping = False
         self._library = None
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread.start()
 
     @property
     def library(self):
@@ -143,22 +139,32 @@ class EngineWorker:
     def library(self, library) -> None:
         self._library = library
 
-    # --- plain jobs -----------------------------------------------------------------------------------
+    # --- queueing (any thread) ---------------------------------------------------------------------------
     def submit(self, fn: Callable, /, *args, **kwargs) -> Future:
-        """Run `fn(*args, **kwargs)` on the engine thread after everything already queued (alone: no generation
-        runs beside it)."""
-        if self._pool is None:
-            return self.executor.submit(fn, *args, **kwargs)
-        return self.executor.submit(self._alone, fn, *args, **kwargs)
+        """Run `fn(*args, **kwargs)` on the engine thread after everything already queued, alone: it waits for
+        the generations running and holds back the ones queued after it."""
+        job = _Plain(fn, args, kwargs)
+        self._enqueue(job)
+        return job.future
 
-    def _alone(self, fn: Callable, /, *args, **kwargs):
-        import torch
+    def generate(self, gen: Generation, on_event: Callable[[TokenEvent | DoneEvent], None]) -> Future:
+        """Queue `gen`; `on_event` is called on the engine thread for each event; the Future gives the Answer.
 
-        with self._gate.exclusive():
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self._threads = torch.get_num_threads()  # set_threads on this thread: the batch threads follow
+        Raises QueueFull when `max_waiting` generations are already queued."""
+        with self._cond:
+            if self._queued >= self.max_waiting:
+                raise QueueFull(f"{self._queued} requests are already waiting for the model")
+            self._queued += 1
+        job = _Gen(gen, on_event, time.perf_counter())
+        self._enqueue(job)
+        return job.future
+
+    def _enqueue(self, job) -> None:
+        with self._cond:
+            if self._stopping:
+                raise RuntimeError("the engine worker is shut down")
+            self._jobs.append(job)
+            self._cond.notify_all()
 
     @property
     def waiting(self) -> int:
@@ -170,22 +176,70 @@ class EngineWorker:
         """A generation is running or waiting."""
         return self._running > 0 or self._queued > 0
 
-    # --- generations ----------------------------------------------------------------------------------
-    def generate(self, gen: Generation, on_event: Callable[[TokenEvent | DoneEvent], None]) -> Future:
-        """Queue `gen`; `on_event` is called on the worker thread for each event; the Future gives the Answer.
+    # --- the engine thread ----------------------------------------------------------------------------------
+    def _next(self, active: int) -> list:
+        """The jobs to start now: generations from the head of the queue while fewer than `max_batch` run, or
+        one plain job at the head once none runs. Blocks while there is nothing to do."""
+        with self._cond:
+            while not self._jobs and not active and not self._stopping:
+                self._cond.wait()
+            taken: list = []
+            while self._jobs:
+                head = self._jobs[0]
+                if isinstance(head, _Gen) and active + len(taken) < self.max_batch:
+                    taken.append(self._jobs.popleft())
+                    self._queued -= 1
+                elif isinstance(head, _Plain) and not active and not taken:
+                    taken.append(self._jobs.popleft())
+                    break
+                else:
+                    break
+            return taken
 
-        Raises QueueFull when `max_waiting` generations are already queued."""
-        with self._lock:
-            if self._queued >= self.max_waiting:
-                raise QueueFull(f"{self._queued} requests are already waiting for the model")
-            self._queued += 1
-        future = (self._pool or self.executor).submit(self._run, gen, on_event, time.perf_counter())
-        future.add_done_callback(lambda f: f.cancelled() and self._dequeued())
-        return future
+    def _serve(self) -> None:
+        """The engine thread: every model call of the process runs here (one OpenMP team: core.decode.joint)."""
+        import torch
 
-    def _dequeued(self) -> None:
-        with self._lock:
-            self._queued -= 1
+        active: set[Future] = set()
+        while True:
+            jobs = self._next(len(active))
+            if not jobs and not active and self._stopping:
+                return
+            for job in jobs:
+                if not job.future.set_running_or_notify_cancel():
+                    continue  # cancelled while it waited
+                if isinstance(job, _Plain):
+                    try:
+                        job.future.set_result(job.fn(*job.args, **job.kwargs))
+                    except BaseException as err:
+                        job.future.set_exception(err)
+                    continue
+                with torch.inference_mode():  # held across members' switches: core.decode.joint
+                    member = self._start(job)
+                if member is not None:
+                    active.add(member)
+                    member.add_done_callback(active.discard)
+            engine = self.engine
+            if active and engine is not None and engine.joint.parked:
+                with torch.inference_mode():
+                    engine.joint.advance()
+
+    def _start(self, job: _Gen) -> Future | None:
+        """Begin `job` as a member of the engine's joint steps (it runs until its first step); None when it ended
+        at once (no model, a cancelled or module-path generation)."""
+
+        def run():
+            try:
+                job.future.set_result(self._generate(job.gen, job.on_event, job.queued_at))
+            except BaseException as err:  # the caller's Future carries it
+                job.future.set_exception(err)
+
+        engine = self.engine
+        if engine is None or getattr(engine, "joint", None) is None:  # no model: the error reaches the Future
+            run()
+            return None
+        member = engine.joint.start(run)
+        return None if member.done() else member
 
     # --- adapters (engine thread only) --------------------------------------------------------------------
     def _ready(self):
@@ -220,19 +274,8 @@ class EngineWorker:
             return engine.parallel(gen.messages, gen.sampling, cancel=gen.cancel, **options)
         return engine.stream(gen.messages, gen.sampling, cancel=gen.cancel, **options)
 
-    def _run(self, gen: Generation, on_event, queued_at: float) -> Answer | None:
-        if self._pool is None:
-            return self._generate(gen, on_event, queued_at)
-        import torch
-
-        with self._gate.shared():
-            if self._threads is not None and torch.get_num_threads() != self._threads:
-                torch.set_num_threads(self._threads)
-            return self._generate(gen, on_event, queued_at)
-
     def _generate(self, gen: Generation, on_event, queued_at: float) -> Answer | None:
-        self._dequeued()
-        with self._lock:
+        with self._cond:
             self._running += 1
         started = time.perf_counter()
         answer, finish = None, "error"
@@ -247,7 +290,7 @@ class EngineWorker:
             finish = answer.finish_reason if answer is not None else "error"
             return answer
         finally:
-            with self._lock:
+            with self._cond:
                 self._running -= 1
             release_free_memory(collect=False)  # a long prefill's freed buffers go back to the OS, not kept in RSS
             tokens = answer.stats.completion_tokens if answer is not None else 0
@@ -282,6 +325,13 @@ class EngineWorker:
             future.cancel()
 
     def shutdown(self, wait: bool = True) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=wait, cancel_futures=True)
-        self.executor.shutdown(wait=wait, cancel_futures=True)
+        """Cancel what is queued, let the running generations end, stop the thread (joined when `wait`)."""
+        with self._cond:
+            self._stopping = True
+            for job in self._jobs:
+                job.future.cancel()
+                self._queued -= isinstance(job, _Gen)
+            self._jobs.clear()
+            self._cond.notify_all()
+        if wait and threading.current_thread() is not self._thread:
+            self._thread.join()

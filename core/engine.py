@@ -74,10 +74,11 @@ class Engine(AdapterChoice):
         self.fused = FusedDecoder.build(model)
         """Base-model decode steps as one function over the packed int4 weights (None for other weights)."""
         self.model_lock = threading.RLock()
-        """Held by whatever runs the model (prefills, steps, adapter switches), so that requests decoding on
-        several threads (app.engine_worker) take turns between steps."""
-        self.joint = JointSteps(self.fused, self.model_lock) if self.fused is not None else None
-        """Fused steps of requests decoding at the same time, run as one (core.decode.joint)."""
+        """Held by whatever runs the model (prefills, steps, adapter switches), so that callers on other threads
+        take turns with the engine thread between steps."""
+        self.joint = JointSteps(self.fused, self.model_lock)
+        """Requests decoding at the same time on the engine thread, their fused steps run as one (core.decode.joint;
+        without packed int4 weights every step takes the module path and requests simply take turns)."""
         self.slots = AdapterSlots(model.eval(), adapter_name if adapters.is_adapted(model) else None)
         self.base_fingerprint: str | None = None
         """The base weights' fingerprint (set by the loader): adapters trained on other weights are refused."""
@@ -204,7 +205,7 @@ class Engine(AdapterChoice):
         events = decode_rows(self.model, cache, logits, rows, tokenizer=self.tokenizer, markers=self.markers,
                              eos_ids=self.eos_ids, cfg=cfg, generator=make_generator(cfg.seed), adapter=adapter,
                              cancel=cancel, verifier=self.verifier, fused=fused, **extra)
-        return events if fused is None else self.joint.member(events)
+        return events if fused is not None else self.joint.turns(events)
 
     def stream(self, messages: Sequence[dict] | str, sampling: SamplingConfig | None = None, *, mode: str = "base",
                budget: int | None = 256, answer_max_tokens: int = 256, cancel: threading.Event | None = None,

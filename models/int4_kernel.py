@@ -48,15 +48,21 @@ def _choose() -> str | None:
 
 def _reads_this_torch_layout(code: int) -> bool:
     """torch packs int4 per CPU capability (e.g. `ATEN_CPU_CAPABILITY=avx2` changes it): check once, on a small
-    random matrix, that the kernel reads what torch packs here as torch's own kernel does."""
-    gen = torch.Generator().manual_seed(0)
-    q = torch.randint(0, 16, (128, 256), dtype=torch.int32, generator=gen)
-    scales = (torch.rand(2, 128, 2, generator=gen) * 0.02).to(torch.bfloat16)
-    packed = int4_grid.pack(q)
-    x = torch.randn(2, 256, generator=gen).to(torch.bfloat16)
-    out = torch.empty(2, 128, dtype=torch.bfloat16)
-    _int4.mm(packed.data_ptr(), scales.data_ptr(), x.data_ptr(), out.data_ptr(), 2, 128, 256, 128, code)
-    reference = torch._weight_int4pack_mm_for_cpu(x, packed, 128, scales)
+    random matrix, that the kernel reads what torch packs here as torch's own kernel does. On one thread, so that
+    the importing thread starts no OpenMP team of its own (why that matters: core.decode.joint)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        gen = torch.Generator().manual_seed(0)
+        q = torch.randint(0, 16, (128, 256), dtype=torch.int32, generator=gen)
+        scales = (torch.rand(2, 128, 2, generator=gen) * 0.02).to(torch.bfloat16)
+        packed = int4_grid.pack(q)
+        x = torch.randn(2, 256, generator=gen).to(torch.bfloat16)
+        out = torch.empty(2, 128, dtype=torch.bfloat16)
+        _int4.mm(packed.data_ptr(), scales.data_ptr(), x.data_ptr(), out.data_ptr(), 2, 128, 256, 128, code)
+        reference = torch._weight_int4pack_mm_for_cpu(x, packed, 128, scales)
+    finally:
+        torch.set_num_threads(threads)
     return bool(torch.allclose(out.float(), reference.float(), atol=0.05, rtol=0.02))
 
 

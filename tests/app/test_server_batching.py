@@ -40,13 +40,17 @@ def test_concurrent_requests_join_one_batch_and_answer_as_alone(served):
     def run(i):
         replies[i] = ask(client, PROMPTS[i])
 
+    ran_on = set()
+    hook = engine.model.register_forward_pre_hook(lambda *_: ran_on.add(threading.get_ident()))
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(PROMPTS))]
     for t in threads:
         t.start()
     for t in threads:
         t.join(120)
+    hook.remove()
     assert replies == alone
     assert engine.joint.joined_steps - before >= 10, "the requests shared decode steps"
+    assert ran_on == {worker._thread.ident}, "every prefill ran on the one engine thread"
 
 
 def test_a_request_arriving_mid_answer_joins_and_a_leaving_client_stops_only_its_own(served):

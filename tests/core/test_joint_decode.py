@@ -1,10 +1,11 @@
-"""Requests decoding at the same time on their own threads share each fused step (core.decode.joint), and each
+"""Requests decoding at the same time share each fused step (core.decode.joint: greenlets on one thread), and each
 gets exactly the tokens it gets alone: the int4 kernel computes each row the same whatever rows run beside it."""
 import threading
 
 import pytest
 
 from core.config import SamplingConfig
+from core.decode import joint
 from core.engine import collect
 from tests.core.test_fused_decode import lora_engine, w4_engine
 
@@ -12,32 +13,16 @@ GREEDY = SamplingConfig(temperature=0, max_tokens=40, ignore_eos=True, repetitio
 QUESTIONS = ["What is 17*23?", "Name a prime number.", "hello there", "Why is the sky blue?"]
 
 
-def run_together(calls):
-    """Run each call on its own thread, all at once; returns their results in order."""
-    results, errors = [None] * len(calls), []
-    start = threading.Barrier(len(calls))
-
-    def run(i, call):
-        try:
-            start.wait()
-            results[i] = call()
-        except Exception as err:  # surfaced below
-            errors.append(err)
-
-    threads = [threading.Thread(target=run, args=(i, c)) for i, c in enumerate(calls)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert errors == []
-    return results
+def run_together(engine, calls):
+    """Start every call as a member of the engine's joint steps and advance them to the end; their results."""
+    return [f.result(0) for f in joint.run_together(engine.joint, calls)]
 
 
 def test_concurrent_greedy_answers_equal_their_answers_alone_and_share_steps():
     engine = w4_engine()
     alone = [engine.generate(q, GREEDY).text for q in QUESTIONS]
     before = engine.joint.joined_steps
-    together = run_together([lambda q=q: engine.generate(q, GREEDY).text for q in QUESTIONS])
+    together = run_together(engine, [lambda q=q: engine.generate(q, GREEDY).text for q in QUESTIONS])
     assert together == alone
     assert engine.joint.joined_steps - before >= 20, "the requests' steps ran as one"
 
@@ -49,7 +34,7 @@ def test_a_reasoning_request_and_a_base_request_join_with_their_own_adapters():
              collect(engine.parallel(QUESTIONS[2], SamplingConfig(temperature=0.9, seed=5, max_tokens=10,
                                                                   ignore_eos=True), n=3, mode="base"))]
     before = engine.joint.joined_steps
-    together = run_together([
+    together = run_together(engine, [
         lambda: engine.generate(QUESTIONS[0], GREEDY, **reason), lambda: engine.generate(QUESTIONS[1], GREEDY),
         lambda: collect(engine.parallel(QUESTIONS[2], SamplingConfig(temperature=0.9, seed=5, max_tokens=10,
                                                                      ignore_eos=True), n=3, mode="base"))])
@@ -74,10 +59,31 @@ def test_cancelling_one_request_leaves_the_others_running():
             if hasattr(event, "answer"):
                 return event.answer
 
-    first, second = run_together([cancelled, lambda: engine.generate(QUESTIONS[1], long)])
+    first, second = run_together(engine, [cancelled, lambda: engine.generate(QUESTIONS[1], long)])
     assert first.finish_reason == "cancelled" and first.stats.completion_tokens < 50
     assert second.text == alone and second.stats.completion_tokens == 200
-    assert engine.joint.members == 0
+    assert engine.joint.members == 0 and engine.joint.parked == 0
+
+
+def test_members_need_inference_mode_and_one_thread():
+    """Interleaved members would otherwise leave each other's torch inference-mode blocks out of order."""
+    engine = w4_engine()
+    with pytest.raises(RuntimeError, match="inference_mode"):
+        engine.joint.start(lambda: None)
+    out = {}
+
+    def elsewhere():
+        import torch
+
+        with torch.inference_mode():
+            out["f"] = engine.joint.start(lambda: engine.generate(QUESTIONS[0], GREEDY))  # parks at its first step
+
+    thread = threading.Thread(target=elsewhere)
+    thread.start()
+    thread.join(60)
+    assert engine.joint.parked == 1
+    with pytest.raises(RuntimeError, match="one thread"):
+        run_together(engine, [lambda: None])
 
 
 @pytest.mark.parametrize("rows", [1, 3])
@@ -99,3 +105,41 @@ def test_step_many_equals_step_per_group(rows):
         joint = engine.fused.step_many([(ta, a, None), (tb, b, None)])
         assert torch.equal(joint[0], engine.fused.step(ta, solo_a))
         assert torch.equal(joint[1], engine.fused.step(tb, solo_b))
+
+
+def test_module_path_requests_take_turns_step_by_step():
+    """Without packed int4 weights no step joins, but requests still alternate instead of running one by one."""
+    from core.engine import Engine
+    from tests.tiny import make_model, make_tokenizer
+
+    engine = Engine(make_model(448, hidden_size=256), make_tokenizer(), model_id="tiny", context=512)
+    assert engine.fused is None
+    order = []
+
+    def asked(tag, question):
+        def call():
+            for event in engine.stream(question, GREEDY):
+                order.append(tag)
+                if hasattr(event, "answer"):
+                    return event.answer.text
+        return call
+
+    alone = [engine.generate(q, GREEDY).text for q in QUESTIONS[:2]]
+    together = run_together(engine, [asked("a", QUESTIONS[0]), asked("b", QUESTIONS[1])])
+    assert together == alone
+    assert order.index("b") < len(order) // 2 and order[: order.index("b")].count("a") <= 2
+
+
+def test_importing_the_engine_starts_no_openmp_team():
+    """libgomp keeps a worker team per thread that ever ran parallel work; a second team on 2 cores makes every
+    matmul of the engine thread pay a wake-up (13 ms steps instead of 9). Importing must not start one on the
+    importing thread (the int4 kernel's probe runs on one thread)."""
+    import subprocess
+    import sys
+
+    code = ("import os, torch; n = len(os.listdir('/proc/self/task')); "
+            "import models.int4_kernel, core.engine, app.engine_worker, app.server; "
+            "print(n, len(os.listdir('/proc/self/task')))")
+    before, after = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                   check=True).stdout.split()
+    assert after == before
