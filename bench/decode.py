@@ -131,7 +131,8 @@ def run_ponder(name: str, model_id: str, tokens: int, runs: int) -> dict:
     precision, kv, head_bits, group = PONDER_SYSTEMS[default_system(model_id) if variant else name]
     decode = SPARSE_DECODE.get(variant, "dense")
     engine = load_engine(EngineConfig(model_id=model_id, precision=precision, kv=kv, head_bits=head_bits,
-                                      group_size=group, decode=decode),  # the base model, as llama.cpp and HF run
+                                      group_size=group, decode=decode,  # the base model, as llama.cpp and HF run
+                                      prompt_cache_tokens=0),  # each run's TTFT a cold prefill of the same prompt
                          reasoning=variant == "ponder_w4a16kv8_reason")
     if decode != "dense" and engine.missing_for_decode():
         raise SystemExit(engine.missing_for_decode())

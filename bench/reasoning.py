@@ -35,7 +35,7 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
-    engine = load_engine(EngineConfig())
+    engine = load_engine(EngineConfig(prompt_cache_tokens=0))  # every TTFT below a cold prefill
     if not engine.can_reason:
         raise SystemExit("no reasoning adapter installed")
     one = SamplingConfig(temperature=0, max_tokens=1, repetition_penalty=1.0)

@@ -82,6 +82,9 @@ class EngineConfig:
     branches for that sparsity, at the share they were fitted for; core.sparse.caprese)."""
     ff_keep: float = 0.5
     """Share of feed-forward neurons GRIFFIN keeps (0 < ff_keep <= 1)."""
+    prompt_cache_tokens: int = 4096
+    """Prompt tokens whose keys and values are kept for prompts that start the same (core.decode.prompt_cache);
+    0 turns prompt caching off (benchmarks that repeat one prompt)."""
 
     def __post_init__(self):
         if self.precision is None:

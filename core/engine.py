@@ -31,6 +31,7 @@ from core.decode.attention import use_decode_attention
 from core.decode.cache import cache_bytes, crop, fork, new_cache
 from core.decode.fused import FusedDecoder
 from core.decode.joint import JointStep, JointSteps
+from core.decode.prompt_cache import PromptCache
 from core.decode.rows import Row, decode_rows, new_row
 from core.decode.sampling import make_generator
 from core.events import Answer, Candidate, DoneEvent, GenerationStats, RouteDecision, TokenEvent
@@ -68,8 +69,10 @@ class Engine(AdapterChoice):
 
     def __init__(self, model, tokenizer, *, model_id: str, precision: str = "bf16", kv: str = "bf16",
                  context: int = 8192, router=None, adapter_name: str | None = None, decode: str = "dense",
-                 ff_keep: float = 0.5):
+                 ff_keep: float = 0.5, prompt_cache: PromptCache | None = None):
         use_decode_attention(model)
+        self.prompt_cache = prompt_cache
+        """Recent prompts' keys and values, reused by answers whose prompt starts the same (None: off)."""
         lean_layers.install(model)
         self.fused = FusedDecoder.build(model)
         """Base-model decode steps as one function over the packed int4 weights (None for other weights)."""
@@ -136,19 +139,26 @@ class Engine(AdapterChoice):
         """A note for the user when `decode` asks for a part this model lacks."""
         return missing_parts(self.decode, self.cats, self.caprese)
 
-    def open_prompt(self, ids: list[int], mode: str, cache) -> tuple[torch.Tensor, RouteDecision]:
+    def open_prompt(self, ids: list[int], mode: str, cache, reuse: bool = False) -> tuple[torch.Tensor, RouteDecision]:
         """The one base-model prefill every mode shares; returns the next-token logits (1, V) and the route.
 
         When reasoning may follow, `<think>\n` is part of that prefill (base-encoded, like the rest of the
         prompt), so switching the adapter on afterwards re-encodes nothing: the first thinking token comes
         straight from the prefill's logits. If `auto` routes to the base model, the cache is cropped back to
-        the prompt and the logits before `<think>` are used.
+        the prompt and the logits before `<think>` are used. `reuse`: start from the prompt cache's longest
+        prefix of `ids` and keep this prompt there (dense decoding only: GRIFFIN scores the whole prompt).
         """
         opener = list(self.markers.think_open) if mode != "base" else []
+        store = self.prompt_cache if reuse and self.sparse_plan() is None else None
+        known, prefix_hidden = store.take(ids, cache, need_hidden=mode == "auto") if store else (0, None)
         with self._base(), torch.inference_mode(), self._scoring(cache):
-            out = self.model(input_ids=torch.tensor([ids + opener]), cache=cache, use_cache=True,
+            out = self.model(input_ids=torch.tensor([ids[known:] + opener]), cache=cache, use_cache=True,
                              logits_to_keep=len(opener) + 1, output_hidden_states=mode == "auto")
-        hidden = out.hidden_states[-1][:, : len(ids)] if mode == "auto" else None
+        hidden = out.hidden_states[-1][:, : len(ids) - known] if mode == "auto" else None
+        if known and hidden is not None:
+            hidden = torch.cat([prefix_hidden, hidden], dim=1)
+        if store is not None:
+            store.put(ids, cache, hidden)
         decision = self.route(mode, hidden)
         if decision.reason:
             return out.logits[:, -1], decision
@@ -224,7 +234,7 @@ class Engine(AdapterChoice):
         start = time.perf_counter()
         ids = self._prompt(messages, mode, budget, system)
         cache = self.last_cache = new_cache(self.model.config, self.kv)
-        logits, decision = self.open_prompt(ids, mode, cache)
+        logits, decision = self.open_prompt(ids, mode, cache, reuse=True)
         start_len = cache.get_seq_length()
         think_limit, answer_limit = self._limits(start_len, decision.reason, budget, answer_max_tokens, cfg)
         row = new_row(0, self.tokenizer, self.markers, cfg, reasoning=decision.reason, think_limit=think_limit,
@@ -350,7 +360,7 @@ class Engine(AdapterChoice):
         start = time.perf_counter()
         ids = self._prompt(messages, mode, budget, system, reserve=64)
         cache = new_cache(self.model.config, self.kv)
-        logits, decision = self.open_prompt(ids, mode, cache)
+        logits, decision = self.open_prompt(ids, mode, cache, reuse=True)
         start_len = cache.get_seq_length()
         cache = self.last_cache = fork(cache, n)
         kv_bytes = cache_bytes(cache)

@@ -16,6 +16,7 @@ import torch
 from core.adapters import lora as adapters
 from core.adapters.library import AdapterError, AdapterLibrary
 from core.config import EngineConfig
+from core.decode.prompt_cache import PromptCache
 from core.engine import Engine
 from core.memory import settle_heap
 from core.reasoning.router import Router
@@ -269,7 +270,8 @@ def load_engine(cfg: EngineConfig | None = None, store: ModelStore | None = None
     tokenizer = load_tokenizer(installed.hf_dir)
     model = load_model(installed, cfg, progress)
     engine = Engine(model, tokenizer, model_id=cfg.model_id, precision=cfg.precision, kv=cfg.kv, context=cfg.context,
-                    decode=cfg.decode, ff_keep=cfg.ff_keep)
+                    decode=cfg.decode, ff_keep=cfg.ff_keep,
+                    prompt_cache=PromptCache(cfg.prompt_cache_tokens) if cfg.prompt_cache_tokens > 0 else None)
     engine.base_fingerprint = adapters.base_fingerprint(installed.hf_dir)
     engine.warnings = warnings = []  # type: list[str]
     if reasoning:
