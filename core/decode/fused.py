@@ -21,7 +21,7 @@ import torch
 from torch.nn import functional as F
 
 from core.decode.cache import Int8KVLayer
-from core.decode.ops import decode_step, rms_norm, silu_mul
+from core.decode.ops import decode_step, decode_steps, rms_norm, silu_mul
 from models.int4_kernel import int4_mm
 
 _LAYER_PARTS = (("qkv", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
@@ -213,10 +213,13 @@ class FusedDecoder:
         for i, parts in enumerate(self.layers):
             adapters = [lora[i] if lora is not None else {} for _, _, lora in items]
             qkv = parts["qkv"].grouped(self._rms(h, parts["norm_in"]), bounds, [a.get("qkv") for a in adapters])
-            attn = [decode_step(cache.layers[i], qkv[lo:hi, :q_end], qkv[lo:hi, q_end:k_end], qkv[lo:hi, k_end:], cos,
-                                sin, heads, kv_heads, dim ** -0.5)
-                    for (lo, hi), (_, cache, _), (cos, sin) in zip(bounds, items, rotary, strict=True)]
-            attn = attn[0] if len(attn) == 1 else torch.cat(attn)
+            if len(items) == 1:
+                cos, sin = rotary[0]
+                attn = decode_step(items[0][1].layers[i], qkv[:, :q_end], qkv[:, q_end:k_end], qkv[:, k_end:], cos,
+                                   sin, heads, kv_heads, dim ** -0.5)
+            else:  # one C call for every request's attention
+                attn = decode_steps([cache.layers[i] for _, cache, _ in items], qkv, bounds, rotary, heads,
+                                    kv_heads, dim ** -0.5)
             h = h + parts["o"].grouped(attn, bounds, [a.get("o") for a in adapters])
             gate_up = parts["gate_up"].grouped(self._rms(h, parts["norm_post"]), bounds,
                                                [a.get("gate_up") for a in adapters])

@@ -45,26 +45,72 @@ def _rows(x: torch.Tensor, rows: int) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
+def _kernel_args(layer: Int8KVLayer, q, k, v, cos, sin, heads: int, kv_heads: int, out: torch.Tensor,
+                 keep: list) -> list[int] | None:
+    """The C attend's 18 integer arguments for one request's rows, or None when the kernel cannot read them.
+    Grows `layer` to hold one more token; tensors made here go to `keep` (alive until the call)."""
+    rows, dim = q.shape[0], q.shape[1] // heads
+    pos = layer.length
+    layer._ensure_capacity(pos + 1)
+    cos, sin = _rows(cos.reshape(-1, dim), rows), _rows(sin.reshape(-1, dim), rows)
+    if not (ENABLED and q.dtype == k.dtype == v.dtype == cos.dtype == sin.dtype == torch.bfloat16
+            and all(t.stride(-1) == 1 for t in (q, k, v)) and layer.q.is_contiguous() and layer.s.is_contiguous()
+            and heads // kv_heads <= _decode_ops.MAX_GROUP and dim <= _decode_ops.MAX_DIM):
+        return None
+    keep += (cos, sin)
+    cs_stride = 0 if cos.shape[0] == 1 else cos.stride(0)
+    return [q.data_ptr(), k.data_ptr(), v.data_ptr(), cos.data_ptr(), sin.data_ptr(), layer.q.data_ptr(),
+            layer.s.data_ptr(), out.data_ptr(), q.stride(0), k.stride(0), v.stride(0), cs_stride, rows, heads,
+            kv_heads, dim, layer.q.shape[-2], pos]
+
+
 def decode_step(layer: Int8KVLayer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
                 sin: torch.Tensor, heads: int, kv_heads: int, scaling: float) -> torch.Tensor:
     """q (B, Hq*D), k and v (B, Hkv*D) bf16 before rotary; cos and sin (D,), (1, D) or (B, D). Writes the token's
     rotated key and its value into `layer` at its length, then attends over everything stored →
     (B, Hq*D) in q's dtype."""
-    rows, dim = q.shape[0], q.shape[1] // heads
-    pos = layer.length
-    layer._ensure_capacity(pos + 1)
-    cos, sin = _rows(cos.reshape(-1, dim), rows), _rows(sin.reshape(-1, dim), rows)
-    if (ENABLED and q.dtype == k.dtype == v.dtype == cos.dtype == sin.dtype == torch.bfloat16
-            and all(t.stride(-1) == 1 for t in (q, k, v)) and layer.q.is_contiguous() and layer.s.is_contiguous()
-            and heads // kv_heads <= _decode_ops.MAX_GROUP and dim <= _decode_ops.MAX_DIM):
-        out = torch.empty(rows, heads * dim, dtype=torch.bfloat16)
-        cs_stride = 0 if cos.shape[0] == 1 else cos.stride(0)
-        _decode_ops.attend(q.data_ptr(), k.data_ptr(), v.data_ptr(), cos.data_ptr(), sin.data_ptr(),
-                           layer.q.data_ptr(), layer.s.data_ptr(), out.data_ptr(), q.stride(0), k.stride(0),
-                           v.stride(0), cs_stride, rows, heads, kv_heads, dim, layer.q.shape[-2], pos, float(scaling))
+    out, keep = torch.empty(q.shape[0], q.shape[1], dtype=torch.bfloat16), []
+    args = _kernel_args(layer, q, k, v, cos, sin, heads, kv_heads, out, keep)
+    if args is not None:
+        _decode_ops.attend(*args, float(scaling))
     else:
-        out = _torch_step(layer, q, k, v, cos, sin, heads, kv_heads, scaling, pos)
-    layer.length = pos + 1
+        dim = q.shape[1] // heads
+        out = _torch_step(layer, q, k, v, _rows(cos.reshape(-1, dim), q.shape[0]),
+                          _rows(sin.reshape(-1, dim), q.shape[0]), heads, kv_heads, scaling, layer.length)
+    layer.length += 1
+    return out
+
+
+def decode_steps(layers: list[Int8KVLayer], qkv: torch.Tensor, bounds: list[tuple[int, int]], rotary: list,
+                 heads: int, kv_heads: int, scaling: float) -> torch.Tensor:
+    """`decode_step` for the requests of a joint step (core.decode.joint): request j's rows are
+    qkv[lo_j:hi_j] (q | k | v), its cache `layers[j]`, its rotary tables `rotary[j]` ((D,) each); one C call
+    attends for all of them, each exactly as `decode_step` would. Returns the outputs in qkv's row order."""
+    dim = qkv.shape[1] // (heads + 2 * kv_heads)
+    q_end, k_end = heads * dim, (heads + kv_heads) * dim
+    usable = (ENABLED and qkv.dtype == torch.bfloat16 and qkv.stride(-1) == 1 and heads // kv_heads <= _decode_ops.MAX_GROUP
+              and dim <= _decode_ops.MAX_DIM and all(c.dtype == s.dtype == torch.bfloat16 and c.dim() == 1
+                                                     and c.is_contiguous() and s.is_contiguous() for c, s in rotary))
+    if not usable:
+        return torch.cat([decode_step(layer, qkv[lo:hi, :q_end], qkv[lo:hi, q_end:k_end], qkv[lo:hi, k_end:], cos, sin,
+                                      heads, kv_heads, scaling)
+                          for layer, (lo, hi), (cos, sin) in zip(layers, bounds, rotary, strict=True)])
+    out = torch.empty(qkv.shape[0], heads * dim, dtype=torch.bfloat16)
+    base, row, size = qkv.data_ptr(), qkv.stride(0), qkv.element_size()
+    out_base, out_row = out.data_ptr(), heads * dim * size
+    args = []
+    for layer, (lo, hi), (cos, sin) in zip(layers, bounds, rotary, strict=True):
+        pos = layer.length
+        layer._ensure_capacity(pos + 1)
+        if not (layer.q.is_contiguous() and layer.s.is_contiguous()):
+            raise ValueError("int8 cache buffers must be contiguous")
+        q = base + lo * row * size
+        args += [q, q + q_end * size, q + k_end * size, cos.data_ptr(), sin.data_ptr(), layer.q.data_ptr(),
+                 layer.s.data_ptr(), out_base + lo * out_row, row, row, row, 0, hi - lo, heads, kv_heads, dim,
+                 layer.q.shape[-2], pos]
+    _decode_ops.attend_many(args, float(scaling))
+    for layer in layers:
+        layer.length += 1
     return out
 
 
