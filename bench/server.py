@@ -31,7 +31,8 @@ from models.registry import DEFAULT_MODEL_ID
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
-LEVELS = ((1, 4), (4, 2), (16, 1))  # (concurrent clients, requests per client)
+LEVELS = ((1, 8), (4, 4), (16, 2))  # (concurrent clients, requests per client): 8+ requests a level, so that a
+# level lasts long enough for its requests/s to be steady on a host whose speed moves by ±10% minute to minute
 PROMPTS = ["What is 2+2?", "Name a primary colour.", "Say hello in French.", "What is the capital of Italy?",
            "Give one prime number.", "What is 10 minus 3?", "Name a planet.", "Spell 'cat' backwards."]
 
@@ -97,6 +98,9 @@ def markdown(result: dict) -> str:
     for r in result["levels"]:
         lines.append(f"| {r['clients']} | {r['requests']} | {r['requests_per_s']:.3f} | {r['tokens_per_s']:.1f} | "
                      f"{r['p50_s']:.2f} | {r['p95_s']:.2f} | {r['ttft_p50_s']:.2f} | {r['ttft_p95_s']:.2f} |")
+    by_clients = {r["clients"]: r["requests_per_s"] for r in result["levels"]}
+    if 1 in by_clients and 4 in by_clients:
+        lines += ["", f"4 clients against 1: **{by_clients[4] / by_clients[1]:.2f}×** the requests/s."]
     lines += ["", f"`ponder serve --max-batch {result.get('max_batch', 1)}` ({result['model']}, W4, int8 KV), "
               f"{result['max_tokens']} greedy tokens per request "
               f"(ignore_eos), streamed; {result['cpu']}, {result['cpus']} CPUs, load average "
