@@ -290,11 +290,26 @@ def _has_amx() -> bool:
         return False
 
 
+NEVER = 1 << 62
+"""Where the CPU has no bf16 arithmetic (no AVX512-BF16, no AMX), a bf16 GEMM is emulated in float32 and torch's
+int4 kernel wins at every prompt length: on a 2-core Xeon without them the 0.5B's 512-token prompt took 6.61 s
+unpacked and 3.33 s on torch's kernel, the 1.5B's 23.1 against 10.8 s (`bench/results/decode_subset_intel_nobf16*`)."""
+
+
+def _native_bf16() -> bool:
+    try:
+        return bool(torch.cpu._is_avx512_bf16_supported()) or _has_amx()
+    except (AttributeError, RuntimeError):  # an older torch: keep the thresholds measured with bf16
+        return True
+
+
 def prefill_rows() -> int:
     """Rows from which int4 layers compute on their unpacked bf16 weight, for this CPU (fixed per machine, so
     the same prompt always takes the same path)."""
     if _has_amx():
         return PREFILL_ROWS_AMX
+    if not _native_bf16():
+        return NEVER
     return PREFILL_ROWS_PONDER if int4_kernel.ENABLED and int4_kernel.UNPACKS else PREFILL_ROWS
 
 
