@@ -19,7 +19,6 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 
 import torch
 
@@ -35,7 +34,8 @@ from core.decode.prompt_cache import PromptCache
 from core.decode.rows import Row, decode_rows, new_row
 from core.decode.sampling import make_generator
 from core.events import Answer, Candidate, DoneEvent, GenerationStats, RouteDecision, TokenEvent
-from core.prompting.chat_format import DEFAULT_SYSTEM, RawPrompt, build_prompt_ids, stop_token_ids
+from core.kept_traces import KeptTrace, TraceKeeping
+from core.prompting.chat_format import DEFAULT_SYSTEM, PromptTooLong, RawPrompt, build_prompt_ids, stop_token_ids
 from core.prompting.markers import ReasoningMarkers
 from core.prompting.prompts import reasoning_system
 from core.reasoning.voting import extract_answer, vote
@@ -43,28 +43,8 @@ from core.sparse.ff import SparsePlan, missing_parts, plan_for, prefill_selectio
 
 MODES = ("auto", "reason", "base")
 MAX_STREAMS = 8
-KEPT_TRACES = 4
-"""Reasoning traces kept in memory for "think longer" (a few MB of KV cache each)."""
 
-
-class PromptTooLong(ValueError):
-    """The conversation does not fit in the model's context window."""
-
-
-@dataclass
-class _Trace:
-    """A reasoning answer's cache and what `think_longer` needs to reopen its trace."""
-
-    cache: object
-    prompt_ids: list[int]
-    think_end: int
-    """Cache length where the trace's text ends (before `</think>`)."""
-    thinking: str
-    thinking_ids: list[int]
-    budget: int | None
-
-
-class Engine(AdapterChoice):
+class Engine(TraceKeeping, AdapterChoice):
     """One loaded model, ready to answer."""
 
     def __init__(self, model, tokenizer, *, model_id: str, precision: str = "bf16", kv: str = "bf16",
@@ -103,7 +83,7 @@ class Engine(AdapterChoice):
         """A core.reasoning.verifier.Verifier scoring parallel reasoning answers, when one is loaded."""
         self.markers = ReasoningMarkers.for_tokenizer(tokenizer)
         self.last_cache = None
-        self._traces: OrderedDict[str, _Trace] = OrderedDict()
+        self._traces: OrderedDict[str, KeptTrace] = OrderedDict()
 
     def prompt_ids(self, messages: Sequence[dict] | str, system: str | None = DEFAULT_SYSTEM) -> list[int]:
         return build_prompt_ids(self.tokenizer, messages, system=system)
@@ -244,85 +224,6 @@ class Engine(AdapterChoice):
         if decision.reason and trace_key is not None:
             self._keep_row(trace_key, row, cache, ids, start_len, budget)
         yield DoneEvent(answer)
-
-    def think_longer(self, messages: Sequence[dict] | str, thinking: str, *, trace_key: str | None = None,
-                     new_trace_key: str | None = None, extra_budget: int = 256, budget: int | None = None,
-                     answer_max_tokens: int = 256, sampling: SamplingConfig | None = None,
-                     system: str | None = DEFAULT_SYSTEM, cancel: threading.Event | None = None
-                     ) -> Iterator[TokenEvent | DoneEvent]:
-        """Reopen a reasoning answer's trace, think up to `extra_budget` more tokens, answer again.
-
-        messages: the conversation up to the question (not the reply); thinking: the reply's trace; budget: the
-        budget it was asked with. The trace kept under `trace_key` is continued on its cache when it matches;
-        otherwise the trace is rebuilt by prefilling the prompt (base) and the thinking text (adapter on).
-        The new trace is kept under `new_trace_key`. The Answer's `resumed` says which ('cache' or 'text').
-        """
-        self._check("reason")
-        if extra_budget < 1:
-            raise ValueError("extra_budget must be >= 1")
-        cfg = sampling or SamplingConfig()
-        start = time.perf_counter()
-        ids = self._prompt(messages, "reason", budget, system)
-        trace = self._traces.get(trace_key) if trace_key is not None else None
-        if trace is not None and trace.prompt_ids == ids and trace.thinking == thinking:
-            cache, think_end, thinking_ids, resumed = trace.cache, trace.think_end, trace.thinking_ids, "cache"
-            crop(cache, think_end)
-            del self._traces[trace_key]  # the cache now belongs to the continuation
-        else:
-            cache, thinking_ids = self._rebuild(ids, thinking)
-            think_end, resumed = cache.get_seq_length(), "text"
-        self.last_cache = cache
-        opener = list(self.markers.think_longer)
-        think_limit, answer_limit = self._limits(think_end + len(opener), True, extra_budget, answer_max_tokens, cfg)
-        row = new_row(0, self.tokenizer, self.markers, cfg, reasoning=True, think_limit=think_limit,
-                      answer_limit=answer_limit, seen=ids + thinking_ids, pending=opener)
-        row.thinking_before = len(thinking_ids) + len(opener)
-        yield TokenEvent(self.markers.think_longer_text, "thinking", row.thinking_before - 1)
-        yield from self._decode(cache, None, [row], cfg, True, cancel)
-        prior, prior_ids = thinking + self.markers.think_longer_text, thinking_ids + opener
-        total_budget = len(prior_ids) + extra_budget  # the trace so far (its tokens as now encoded) plus the extra
-        answer = self._answer(row, ids, RouteDecision(True, None, "mode"), total_budget, start, cache, prior=prior,
-                              prior_ids=prior_ids, resumed=resumed)
-        if new_trace_key is not None:
-            self._keep_row(new_trace_key, row, cache, ids, think_end, budget, prior, prior_ids)
-        yield DoneEvent(answer)
-
-    def _rebuild(self, ids: list[int], thinking: str) -> tuple[object, list[int]]:
-        """A trace's cache from its text: the prompt and `<think>` by the base model, the trace with the adapter."""
-        thinking_ids = self.tokenizer(thinking, add_special_tokens=False, split_special_tokens=True)["input_ids"]
-        if len(ids) + len(thinking_ids) + 64 >= self.context:
-            raise PromptTooLong("The conversation and its thinking no longer fit in this model's window.")
-        cache = new_cache(self.model.config, self.kv)
-        with self._scoring(cache):
-            with self._base(), torch.inference_mode():
-                self.model(input_ids=torch.tensor([ids + list(self.markers.think_open)]), cache=cache,
-                           use_cache=True, logits_to_keep=1)
-            if thinking_ids:
-                with self._using(self.slots.reasoning), torch.inference_mode():
-                    self.model(input_ids=torch.tensor([thinking_ids]), cache=cache, use_cache=True, logits_to_keep=1)
-        return cache, thinking_ids
-
-    def _keep_row(self, key: str, row: Row, cache, ids: list[int], start_len: int, budget: int | None,
-                  prior: str = "", prior_ids: Sequence[int] = ()) -> None:
-        """Keep a finished reasoning row's trace for `think_longer`: its cache cropped to where the trace's text
-        ends. Not kept when the row was cancelled mid-trace or its cache does not end exactly at that text."""
-        if row.think_end is None or not row.trace_exact:
-            self._traces.pop(key, None)
-            return
-        end = start_len + row.think_end
-        crop(cache, end)
-        trace_ids = list(prior_ids) + row.thinking_ids[: row.think_end - row.think_offset]
-        self._keep(key, _Trace(cache, ids, end, prior + row.think.text, trace_ids, budget))
-
-    def _keep(self, key: str, trace: _Trace) -> None:
-        self._traces.pop(key, None)
-        self._traces[key] = trace
-        while len(self._traces) > KEPT_TRACES:
-            self._traces.popitem(last=False)
-
-    def has_trace(self, key: str) -> bool:
-        """Whether a trace is in memory under `key` (think longer then needs no re-prefill)."""
-        return key in self._traces
 
     def _answer(self, row: Row, ids, decision: RouteDecision, budget, start, cache, prior: str = "",
                 prior_ids: Sequence[int] = (), resumed: str | None = None, skill: Loaded | None = None) -> Answer:

@@ -13,7 +13,7 @@ CORE_LAYERS = (
     ("core.prompting", "core.reasoning"),
     ("core.decode", "core.adapters", "core.data"),
     ("core.sparse",),
-    ("core.engine",),
+    ("core.engine", "core.kept_traces"),
     ("core.loading", "core.machine_fit", "core.tiny"),
     ("core.evaluation",),
     ("core.training",),

@@ -11,6 +11,11 @@ import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+
+class PromptTooLong(ValueError):
+    """The conversation does not fit in the model's context window."""
+
+
 DEFAULT_SYSTEM = "You are Ponder, a helpful assistant running offline on this computer. Answer clearly and concisely."
 
 
