@@ -2,7 +2,7 @@
 
 Per layer, a rank-r branch L·(R·x) runs beside the cut block (x: the block's input after the norm), so a decode
 step computes FF_cut(x) + L·R·x (docs/algorithms.md B.3; the weights of the model stay as they are). Where the cut
-projections are bf16 the branch is folded into them (`sparse_ff.fold_branch`: R as more rows of up, L as more
+projections are bf16 the branch is folded into them (`core.sparse.cut.fold_branch`: R as more rows of up, L as more
 columns of down), so it costs no pass of its own; packed int4 ones take it rounded to int4 (when the rank is a
 multiple of 64). Layer-wise training: on teacher-forced math text, with each sequence's own GRIFFIN selection
 taken from its prompt (as at inference), the residual y = FF_dense(x) − FF_cut(x) of every response token is

@@ -26,7 +26,8 @@ from torch.nn import functional as F
 from core.adapters import lora as adapters
 from core.decode.cache import crop, new_cache
 from core.sparse.caprese import Branches
-from core.sparse.ff import Scorer, SparsePlan, _layers, choose_neurons, kept_count
+from core.sparse.cut import choose_neurons
+from core.sparse.ff import Scorer, SparsePlan, _layers, kept_count
 
 
 def griffin_masks(scorer: Scorer, layers: int, group: int | None) -> list[torch.Tensor]:

@@ -6,6 +6,7 @@ import torch
 from core.config import SamplingConfig
 from core.data.sft import SftExample
 from core.sparse import caprese
+from core.sparse import cut as sparse_cut
 from core.sparse import ff as sparse_ff
 from models.fpt import apply_fpt
 from tests.models.test_fpt import float_model, random_spec, run
@@ -37,7 +38,7 @@ def test_fit_recovers_a_low_rank_map_and_never_adds_error():
 def test_a_zero_branch_is_the_sparse_block_exactly():
     engine = make_reasoning_engine()
     mlp = sparse_ff._layers(engine.model)[0].mlp
-    block = sparse_ff.cut_layer(mlp, torch.arange(0, 256, 3))
+    block = sparse_cut.cut_layer(mlp, torch.arange(0, 256, 3))
     x = torch.randn(2, 1, 128, dtype=torch.bfloat16)
     hidden = 128
     zero = caprese.Branches([torch.randn(8, hidden).bfloat16()], [torch.zeros(hidden, 8).bfloat16()])
@@ -54,9 +55,9 @@ def test_a_folded_branch_equals_the_branch_beside_the_block():
     torch.manual_seed(0)
     hidden = mlp.hidden_size
     branches = caprese.Branches([torch.randn(8, hidden).bfloat16() / 8], [torch.randn(hidden, 8).bfloat16() / 8])
-    beside, folded = sparse_ff.cut_layer(mlp, kept), sparse_ff.cut_layer(mlp, kept)
+    beside, folded = sparse_cut.cut_layer(mlp, kept), sparse_cut.cut_layer(mlp, kept)
     beside.branch = lambda h: branches(0, h)
-    assert sparse_ff.fold_branch(folded, branches.up[0], branches.down[0]) and folded.folded == 8
+    assert sparse_cut.fold_branch(folded, branches.up[0], branches.down[0]) and folded.folded == 8
     x = torch.randn(3, 1, hidden, dtype=torch.bfloat16)
     with torch.inference_mode():
         for scope in (engine.slots.using(engine.slots.reasoning), engine._base()):  # the adapter on, then off

@@ -5,6 +5,7 @@ import torch
 
 from core.data.sft import encode_example
 from core.sparse import caprese, caprese_e2e
+from core.sparse import cut as sparse_cut
 from core.sparse import ff as sparse_ff
 from tests.core.test_caprese import EXAMPLES
 from tests.tiny import make_reasoning_engine
@@ -21,12 +22,12 @@ def test_the_masked_training_block_computes_the_cut_decode_block():
     mlp = sparse_ff._layers(engine.model)[0].mlp
     torch.manual_seed(0)
     scores = torch.rand(mlp.intermediate_size)
-    kept = sparse_ff.choose_neurons(scores, 128)
+    kept = sparse_cut.choose_neurons(scores, 128)
     mask = torch.zeros(mlp.intermediate_size)
     mask[kept] = 1
     hidden = mlp.hidden_size
     up, down = torch.randn(4, hidden) * 0.1, torch.randn(hidden, 4) * 0.1
-    block = sparse_ff.cut_layer(mlp, kept)
+    block = sparse_cut.cut_layer(mlp, kept)
     block.branch = lambda h: torch.nn.functional.linear(torch.nn.functional.linear(h.float(), up), down).to(h.dtype)
     x = torch.randn(2, 1, hidden, dtype=torch.bfloat16)
     with torch.no_grad():

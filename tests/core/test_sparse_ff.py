@@ -6,6 +6,7 @@ from transformers import Qwen2Config
 from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP
 
 from core.config import SamplingConfig
+from core.sparse import cut as sparse_cut
 from core.sparse import ff as sparse_ff
 from models import int4_grid
 from models.quantization import quantize_model, unpack_matches_kernel
@@ -76,16 +77,16 @@ def test_cut_block_equals_the_dense_block_on_its_neurons(engine):
     x = torch.randn(3, 1, mlp.hidden_size, dtype=torch.bfloat16)
     everything = torch.arange(mlp.intermediate_size)
     with torch.inference_mode():
-        assert torch.equal(sparse_ff.cut_layer(mlp, everything)(x), mlp(x))  # keep = 100%: the dense block
+        assert torch.equal(sparse_cut.cut_layer(mlp, everything)(x), mlp(x))  # keep = 100%: the dense block
         kept = torch.randperm(mlp.intermediate_size)[:100]
-        torch.testing.assert_close(sparse_ff.cut_layer(mlp, kept)(x), masked_ff(mlp, x, kept), atol=2e-2, rtol=2e-2)
+        torch.testing.assert_close(sparse_cut.cut_layer(mlp, kept)(x), masked_ff(mlp, x, kept), atol=2e-2, rtol=2e-2)
 
 
 def test_cut_lora_follows_the_adapter_switch(engine):
     mlp = sparse_ff._layers(engine.model)[1].mlp
     x = torch.randn(2, 1, mlp.hidden_size, dtype=torch.bfloat16)
     kept = torch.arange(0, mlp.intermediate_size, 2)
-    block = sparse_ff.cut_layer(mlp, kept)
+    block = sparse_cut.cut_layer(mlp, kept)
     with torch.inference_mode():
         with engine.slots.using(engine.slots.reasoning):
             on, want_on = block(x), masked_ff(mlp, x, kept)
@@ -109,18 +110,18 @@ def packed_mlp(seed: int) -> Qwen2MLP:
 def test_packed_int4_cuts_keep_the_same_int4_numbers():
     mlp = packed_mlp(0)
     x = torch.randn(2, 1, 256, dtype=torch.bfloat16)
-    kept = sparse_ff.choose_neurons(torch.rand(512), 256, group=128)
+    kept = sparse_cut.choose_neurons(torch.rand(512), 256, group=128)
     with torch.inference_mode():
-        gate = sparse_ff.cut_rows(mlp.gate_proj, kept)
+        gate = sparse_cut.cut_rows(mlp.gate_proj, kept)
         assert gate.kind == "int4"
         assert torch.equal(gate(x), mlp.gate_proj(x)[..., kept])  # same int4 numbers, same kernel
         scattered = torch.randperm(512)[:256].sort().values  # any rows, not only chosen ones
-        assert torch.equal(sparse_ff.cut_rows(mlp.up_proj, scattered)(x), mlp.up_proj(x)[..., scattered])
-        block = sparse_ff.cut_layer(mlp, kept)
-        assert block.down.kind == "int4" and block.down.group == sparse_ff.CHUNK
+        assert torch.equal(sparse_cut.cut_rows(mlp.up_proj, scattered)(x), mlp.up_proj(x)[..., scattered])
+        block = sparse_cut.cut_layer(mlp, kept)
+        assert block.down.kind == "int4" and block.down.group == sparse_cut.CHUNK
         want = masked_ff(mlp, x, kept)  # the full down kernel on an input zero outside `kept`
         torch.testing.assert_close(block(x), want, atol=2e-2, rtol=1e-2)
-        assert not sparse_ff.fold_branch(block, torch.zeros(8, 256), torch.zeros(256, 8))  # int4: kept beside
+        assert not sparse_cut.fold_branch(block, torch.zeros(8, 256), torch.zeros(256, 8))  # int4: kept beside
         assert block.folded == 0 and block.up.kind == "int4"
 
 
@@ -134,15 +135,15 @@ def test_a_rank_64_branch_folds_into_packed_int4_blocks_rounded_to_int4():
     are bf16 and the branch folds in as it is. Either way the folded block computes the block plus its branch."""
     mlp = packed_mlp(2)
     packed = unpack_matches_kernel()
-    kept = sparse_ff.choose_neurons(torch.rand(512), 256, group=128)
+    kept = sparse_cut.choose_neurons(torch.rand(512), 256, group=128)
     up, down = torch.randn(64, 256) / 16, torch.randn(256, 64) / 16
     r_int4 = _kernel_weight(*int4_grid.quantize_packed(up, 128), 64, 256, 128)
-    l_int4 = _kernel_weight(*int4_grid.quantize_packed(down, sparse_ff.CHUNK), 256, 64, sparse_ff.CHUNK)
+    l_int4 = _kernel_weight(*int4_grid.quantize_packed(down, sparse_cut.CHUNK), 256, 64, sparse_cut.CHUNK)
     assert (r_int4.float() - up).norm() < 0.1 * up.norm() and (l_int4.float() - down).norm() < 0.1 * down.norm()
-    beside, folded = sparse_ff.cut_layer(mlp, kept), sparse_ff.cut_layer(mlp, kept)
+    beside, folded = sparse_cut.cut_layer(mlp, kept), sparse_cut.cut_layer(mlp, kept)
     r_want, l_want = (r_int4, l_int4) if packed else (up.bfloat16(), down.bfloat16())
     beside.branch = lambda h: torch.nn.functional.linear(torch.nn.functional.linear(h, r_want), l_want)
-    assert sparse_ff.fold_branch(folded, up, down)
+    assert sparse_cut.fold_branch(folded, up, down)
     kind = "int4" if packed else "dense"
     assert folded.folded == 64 and folded.up.kind == kind and folded.down.kind == kind and folded.branch is None
     x = torch.randn(3, 1, 256, dtype=torch.bfloat16)
@@ -155,19 +156,19 @@ def test_a_rank_64_branch_folds_into_packed_int4_blocks_rounded_to_int4():
 def test_chosen_neurons_come_in_whole_chunks_of_one_group_and_follow_the_scores():
     torch.manual_seed(1)
     scores = torch.rand(4864)
-    kept = sparse_ff.choose_neurons(scores, 2432, group=128)
+    kept = sparse_cut.choose_neurons(scores, 2432, group=128)
     assert len(kept) == 2432 and torch.equal(kept, kept.sort().values)
-    assert sparse_ff._whole_chunks(kept, 128)
+    assert sparse_cut._whole_chunks(kept, 128)
     top = scores.topk(2432).indices
     assert torch.isin(kept, top).float().mean() > 0.85  # mostly the plain top-k's neurons
     assert scores[kept].sum() > 0.97 * scores[top].sum()
-    assert torch.equal(sparse_ff.choose_neurons(scores, 2432), top.sort().values)  # no group: plain top-k
+    assert torch.equal(sparse_cut.choose_neurons(scores, 2432), top.sort().values)  # no group: plain top-k
 
 
 def test_selection_routes_each_row_through_its_own_prompts_block(engine):
     mlp = sparse_ff._layers(engine.model)[0].mlp
     a, b = torch.arange(0, 128), torch.arange(128, 256)
-    blocks = [[sparse_ff.cut_layer(mlp, a)], [sparse_ff.cut_layer(mlp, b)]]
+    blocks = [[sparse_cut.cut_layer(mlp, a)], [sparse_cut.cut_layer(mlp, b)]]
     selection = sparse_ff.FFSelection(blocks, [1, 0, 1])
     x = torch.randn(3, 1, mlp.hidden_size, dtype=torch.bfloat16)
     with torch.inference_mode():
