@@ -224,6 +224,8 @@ def bind(host: str, port: int) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
+        sock.listen(128)  # from here connections wait in the backlog: `ponder serve` says "Serving" before uvicorn
+        # has started, and a client that connects at once was refused (seen under load)
     except OSError:
         sock.close()
         raise

@@ -304,3 +304,16 @@ def test_ponder_serve_serves_an_installed_model_until_interrupted(tiny_store, po
         proc.send_signal(signal.SIGINT)
         rest = proc.communicate(timeout=30)[1]
     assert proc.returncode == 0 and "Stopped." in rest
+
+
+def test_the_bound_socket_accepts_before_uvicorn_starts():
+    """`ponder serve` says "Serving" before uvicorn has started; a client connecting at once was refused."""
+    import socket
+
+    from app.server import bind
+
+    sock = bind("127.0.0.1", 0)
+    try:
+        socket.create_connection(sock.getsockname(), timeout=5).close()  # queued in the backlog, not refused
+    finally:
+        sock.close()
