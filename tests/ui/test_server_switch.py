@@ -44,6 +44,8 @@ def test_the_switch_serves_the_windows_engine_and_stops(window, loop):
     long.join(60)
     assert message.role == "assistant" and message.content and reply["r"].usage.completion_tokens == 200
     # the window's short answer ended while the server's 200 tokens were still decoding: it did not wait its turn
+    # (a job's record is written just after its last event reached the client: wait for both)
+    assert run_until(loop, lambda: len(window.service.worker.recent) >= 2, 10)
     assert [r.source for r in list(window.service.worker.recent)[-2:]] == ["window", "server"]
     window.apply_settings(replace(window.settings, serve=False))
     assert window.server.url is None and "stopped" in window.status.text()
