@@ -30,9 +30,8 @@ import greenlet
 import torch
 
 from models import int4_kernel
-from models.int4_kernel import CHUNKED_ROWS
 
-MAX_ROWS = CHUNKED_ROWS if int4_kernel.ENABLED else 64
+MAX_ROWS = int4_kernel.CHUNKED_ROWS if int4_kernel.ENABLED else 64
 """Rows of one joint step at most: Ponder's int4 kernel's row-invariant range (models.int4_kernel.CHUNKED_ROWS)."""
 
 

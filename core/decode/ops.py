@@ -90,7 +90,8 @@ def decode_steps(layers: list[Int8KVLayer], qkv: torch.Tensor, bounds: list[tupl
     q_end, k_end = heads * dim, (heads + kv_heads) * dim
     usable = (ENABLED and qkv.dtype == torch.bfloat16 and qkv.stride(-1) == 1 and heads // kv_heads <= _decode_ops.MAX_GROUP
               and dim <= _decode_ops.MAX_DIM and all(c.dtype == s.dtype == torch.bfloat16 and c.dim() == 1
-                                                     and c.is_contiguous() and s.is_contiguous() for c, s in rotary))
+                                                     and c.is_contiguous() and s.is_contiguous() for c, s in rotary)
+              and all(layer.q.is_contiguous() and layer.s.is_contiguous() for layer in layers))
     if not usable:
         return torch.cat([decode_step(layer, qkv[lo:hi, :q_end], qkv[lo:hi, q_end:k_end], qkv[lo:hi, k_end:], cos, sin,
                                       heads, kv_heads, scaling)
@@ -102,8 +103,6 @@ def decode_steps(layers: list[Int8KVLayer], qkv: torch.Tensor, bounds: list[tupl
     for layer, (lo, hi), (cos, sin) in zip(layers, bounds, rotary, strict=True):
         pos = layer.length
         layer._ensure_capacity(pos + 1)
-        if not (layer.q.is_contiguous() and layer.s.is_contiguous()):
-            raise ValueError("int8 cache buffers must be contiguous")
         q = base + lo * row * size
         args += [q, q + q_end * size, q + k_end * size, cos.data_ptr(), sin.data_ptr(), layer.q.data_ptr(),
                  layer.s.data_ptr(), out_base + lo * out_row, row, row, row, 0, hi - lo, heads, kv_heads, dim,
