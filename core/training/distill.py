@@ -4,8 +4,11 @@ For each *train* question the teacher (any installed model at any precision: the
 samples `--samples` answers in base mode, all questions of a chunk decoded as one batch through the engine's
 decode loop. math-verify keeps the right ones that end in a `\\boxed{}` answer and fit `--max-trace-tokens`; the
 shortest right one becomes a trace row (question, thinking, answer) for `ponder train sft --data`, with its
-provenance (teacher, precision, sampling, source row, how many samples were right). The output file is rewritten
-atomically after every chunk, and a run started again on the same file skips the questions it already holds.
+provenance (teacher, precision, sampling, source row, how many samples were right). Every right, finished, boxed
+sample of any length also goes to `<out>.right.jsonl` in the same row format, so a later run can pick traces for
+another budget or train on several per question (rejection-sampling fine-tuning) without sampling again. The
+files are rewritten atomically after every chunk, and a run started again on the same file skips the questions
+it already holds.
 """
 from __future__ import annotations
 
@@ -33,11 +36,19 @@ class Sample:
     """Stopped by itself (end of turn), not by the token cap."""
 
 
+def usable_right(samples: list[Sample], gold: str) -> tuple[list[Sample], int]:
+    """(the right samples that finished by themselves with a boxed answer, distinct texts, shortest first; how many
+    samples were right)."""
+    right = [s for s in samples if is_correct(s.text, gold)]
+    usable = {s.text: s for s in right if s.finished and last_boxed(s.text) is not None}
+    return sorted(usable.values(), key=lambda s: s.tokens), len(right)
+
+
 def pick_trace(samples: list[Sample], gold: str, max_trace_tokens: int) -> tuple[Sample | None, int]:
     """(the shortest right, finished, boxed sample within the length cap or None, how many samples were right)."""
-    right = [s for s in samples if is_correct(s.text, gold)]
-    usable = [s for s in right if s.finished and s.tokens <= max_trace_tokens and last_boxed(s.text) is not None]
-    return (min(usable, key=lambda s: s.tokens) if usable else None), len(right)
+    usable, n_right = usable_right(samples, gold)
+    usable = [s for s in usable if s.tokens <= max_trace_tokens]
+    return (usable[0] if usable else None), n_right
 
 
 def trace_row(item: Item, sample: Sample, provenance: dict) -> dict:
@@ -51,12 +62,23 @@ def state_path(out: Path) -> Path:
     return out.with_name(out.name + ".state.json")
 
 
+def right_path(out: Path) -> Path:
+    """Every usable right sample, beside the trace file (`x.jsonl` -> `x.right.jsonl`)."""
+    return out.with_name(f"{out.stem}.right{out.suffix or '.jsonl'}")
+
+
+def _read_rows(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
 def read_done(out: Path) -> tuple[list[dict], set[tuple[str, int]]]:
     """Rows already written to `out` and the (source, index) of every question a previous run finished (those
     without a trace too, from the state file beside it)."""
     if not out.is_file():
         return [], set()
-    rows = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows = _read_rows(out)
     done = {(r["provenance"]["source"], r["provenance"]["index"]) for r in rows if "provenance" in r}
     if state_path(out).is_file():
         done |= {(s, i) for s, i in json.loads(state_path(out).read_text())["done"]}
@@ -74,6 +96,8 @@ def distill(engine, items: list[tuple[str, int, Item]], out: Path, *, samples: i
     """Sample, check and write traces for `items` ((file name, row index, item)); returns a summary."""
     out.parent.mkdir(parents=True, exist_ok=True)
     rows, done = read_done(out)
+    every = [r for r in _read_rows(right_path(out))
+             if (r["provenance"]["source"], r["provenance"]["index"]) in done]  # a chunk cut short is sampled again
     todo = [(f, i, it) for f, i, it in items if (f, i) not in done]
     stats = {"questions": 0, "traces": 0, "samples_right": 0, "samples": 0, "tokens": 0, "seconds": 0.0}
     for start in range(0, len(todo), chunk):
@@ -88,10 +112,12 @@ def distill(engine, items: list[tuple[str, int, Item]], out: Path, *, samples: i
         for k, (source, index, item) in enumerate(part):
             group = [Sample(a.text, a.answer_tokens or a.stats.completion_tokens, a.finish_reason == "stop")
                      for a in answers[k * samples:(k + 1) * samples]]
-            best, n_right = pick_trace(group, item.gold, max_trace_tokens)
+            usable, n_right = usable_right(group, item.gold)
+            best = next((s for s in usable if s.tokens <= max_trace_tokens), None)
+            where = {**provenance, "source": source, "index": index, "right": n_right}
+            every.extend(trace_row(item, s, where) for s in usable)
             if best is not None:
-                rows.append(trace_row(item, best, {**provenance, "source": source, "index": index,
-                                                   "right": n_right}))
+                rows.append(trace_row(item, best, where))
             done.add((source, index))
             stats["traces"] += best is not None
             stats["samples_right"] += n_right
@@ -99,11 +125,12 @@ def distill(engine, items: list[tuple[str, int, Item]], out: Path, *, samples: i
         stats["questions"] += len(part)
         stats["samples"] += len(part) * samples
         stats["seconds"] += seconds
+        write_atomic(right_path(out), "".join(json.dumps(r) + "\n" for r in every))
         write_atomic(out, "".join(json.dumps(r) + "\n" for r in rows))
         write_atomic(state_path(out), json.dumps({"done": sorted(done)}))
         log(f"[{stats['questions']}/{len(todo)}] {stats['traces']} traces, {stats['samples_right']}/"
             f"{stats['samples']} samples right, {stats['tokens'] / max(stats['seconds'], 1e-9):.1f} tok/s")
-    return {**stats, "rows_in_file": len(rows), "out": str(out)}
+    return {**stats, "rows_in_file": len(rows), "right_in_file": len(every), "out": str(out)}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from core.data.datasets import Item
 from core.data.sft import encode_example, example_from_row
-from core.training.distill import Sample, pick_trace, trace_row
+from core.training.distill import Sample, pick_trace, right_path, trace_row, usable_right
 from tests.conftest import TINY_ID
 
 GSM = [{"question": f"What is {a} + {b}?", "answer": f"{a} + {b} = {a + b}\n#### {a + b}"}
@@ -22,6 +23,17 @@ def test_the_shortest_right_finished_boxed_sample_within_the_cap_is_kept():
     best, right = pick_trace(samples, "7", max_trace_tokens=240)
     assert best is samples[2] and right == 5
     assert pick_trace(samples[:1], "7", 240) == (None, 0)
+
+
+def test_every_usable_right_sample_is_kept_once_shortest_first_whatever_its_length():
+    samples = [Sample("a long way round ... \\boxed{7}", 300, True),
+               Sample("3 + 4 = 7. \\boxed{7}", 40, True),
+               Sample("3 + 4 = 7. \\boxed{7}", 40, True),                  # the same text twice: kept once
+               Sample("3 + 4 = \\boxed{7}", 3, False),                     # cut at the token cap
+               Sample("So 3 + 4 = 8, \\boxed{8}", 9, True)]                # wrong
+    usable, right = usable_right(samples, "7")
+    assert [s.tokens for s in usable] == [40, 300] and right == 4
+    assert right_path(Path("d/x.jsonl")) == Path("d/x.right.jsonl")
 
 
 def test_a_trace_row_is_read_by_sft_as_thinking_then_the_boxed_gold():
@@ -47,6 +59,8 @@ def test_cli_samples_every_question_writes_provenance_and_resumes(tmp_path, tiny
     state = json.loads((tmp_path / "traces.jsonl.state.json").read_text())
     assert sorted(map(tuple, state["done"])) == [("train.jsonl", 0), ("train.jsonl", 1)]
     assert out.is_file() and all("provenance" in json.loads(r) for r in out.read_text().splitlines())
+    every = [json.loads(r) for r in right_path(out).read_text().splitlines()]  # written even when empty
+    assert summary["right_in_file"] == len(every) and all(r["provenance"]["index"] in (0, 1) for r in every)
     assert run_cli(argv[:-2] + ["--limit", "3"]) == 0  # the same run again: only the new question is sampled
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["questions"] == 1
     alpaca = tmp_path / "alpaca.jsonl"
