@@ -11,6 +11,7 @@
 #include <Python.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define ROWS_PER_TASK 256
@@ -157,11 +158,78 @@ static PyObject* py_group_columns(PyObject* self, PyObject* const* args, Py_ssiz
     Py_RETURN_NONE;
 }
 
+// int8_digits(x, bf16, n, d, scale, q1, q2): x [n, d] (float32, or bf16 when bf16 != 0) written as two int8
+// digits per value, x = scale[col] * (q1 + q2 / 254), scale = max |x| of the column / 127 (see models/gptq.py,
+// add_gram). The operations and their order are those of the torch fallback (int8_digits there), so both give
+// the same digits. Threads take blocks of rows: one pass for the column maxima, one for the digits.
+static inline float load_x(const void* x, int bf16, size_t i) {
+    if (!bf16) return ((const float*)x)[i];
+    uint32_t bits = (uint32_t)((const uint16_t*)x)[i] << 16;
+    float v;
+    memcpy(&v, &bits, sizeof v);
+    return v;
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default"), optimize("fp-contract=off")))
+static void int8_digits(const void* x, int bf16, long n, long d, float* scale, int8_t* q1, int8_t* q2) {
+    for (long j = 0; j < d; j++) scale[j] = 0.0f;
+    #pragma omp parallel
+    {
+        float* mine = (float*)calloc((size_t)d, sizeof(float));
+        #pragma omp for schedule(static)
+        for (long i = 0; i < n; i++)
+            for (long j = 0; j < d; j++) {
+                const float a = fabsf(load_x(x, bf16, (size_t)i * d + j));
+                if (a > mine[j]) mine[j] = a;
+            }
+        #pragma omp critical
+        for (long j = 0; j < d; j++)
+            if (mine[j] > scale[j]) scale[j] = mine[j];
+        free(mine);
+    }
+    for (long j = 0; j < d; j++) scale[j] = (scale[j] > 1e-30f ? scale[j] : 1e-30f) / 127.0f;
+    #pragma omp parallel for schedule(static)
+    for (long i = 0; i < n; i++)
+        for (long j = 0; j < d; j++) {
+            const size_t k = (size_t)i * d + j;
+            const float r = load_x(x, bf16, k) / scale[j];
+            const float a = nearbyintf(r);
+            q1[k] = (int8_t)a;
+            q2[k] = (int8_t)nearbyintf((r - a) * 254.0f);
+        }
+}
+
+// int8_digits(x, bf16, n, d, scale, q1, q2): addresses as ints.
+static PyObject* py_int8_digits(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "int8_digits takes x, bf16, n, d, scale, q1, q2");
+        return NULL;
+    }
+    void* ptr[4];
+    long flag, n, d;
+    const int at[4] = {0, 4, 5, 6};
+    for (int k = 0; k < 4; k++) {
+        ptr[k] = PyLong_AsVoidPtr(args[at[k]]);
+        if (PyErr_Occurred()) return NULL;
+    }
+    flag = PyLong_AsLong(args[1]);
+    n = PyLong_AsLong(args[2]);
+    d = PyLong_AsLong(args[3]);
+    if (PyErr_Occurred()) return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    int8_digits(ptr[0], (int)flag, n, d, (float*)ptr[1], (int8_t*)ptr[2], (int8_t*)ptr[3]);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"group_columns", (PyCFunction)(void (*)(void))py_group_columns, METH_FASTCALL,
      "GPTQ's rounding and error feedback over the columns of one group"},
     {"group_grid", (PyCFunction)(void (*)(void))py_group_grid, METH_FASTCALL,
      "the group's clipped min-max int4 grid per row, least importance-weighted error"},
+    {"int8_digits", (PyCFunction)(void (*)(void))py_int8_digits, METH_FASTCALL,
+     "two int8 digits per value and a scale per column (exact Gram products from int8 ones)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -52,9 +52,14 @@ def test_blocked_gram_equals_the_full_product(monkeypatch):
 
     monkeypatch.setattr(gptq, "GRAM_BLOCK", 48)  # 200 columns: blocks of 48, 48, 48, 48, 8
     x = torch.randn(64, 200)
-    acc = torch.ones(200, 200)
-    add_gram(acc, x)
-    assert torch.allclose(acc, 1 + x.t() @ x, atol=1e-4)
+    for flag, tolerance in (("0", 1e-4), ("1", 1e-2)):  # float32; int8 digits (~1e-5 of a column's largest)
+        monkeypatch.setenv("PONDER_GPTQ_INT8", flag)
+        gptq.int8_gram_exact.cache_clear()
+        acc = torch.ones(200, 200)
+        add_gram(acc, x)
+        assert torch.allclose(acc, 1 + x.t() @ x, atol=tolerance), flag
+        assert torch.equal(acc, acc.t()), flag
+    gptq.int8_gram_exact.cache_clear()
 
 
 def reference_hessians(model, batches, names):
@@ -92,7 +97,7 @@ def test_layer_by_layer_calibration_sees_the_full_forward_inputs(monkeypatch):
 
     monkeypatch.setattr(gptq, "gptq_int4", spy)
     steps = []
-    out = gptq_layers(model, batches, names, 32, lambda d, t: steps.append((d, t)))
+    out = gptq_layers(model, batches, names, 32, lambda d, t: steps.append((d, t)), dtype=torch.float32)
     assert set(out) == set(names)
     layers = model.config.num_hidden_layers
     assert steps == [(i + 1, layers + 1) for i in range(layers + 1)]
@@ -105,6 +110,55 @@ def test_layer_by_layer_calibration_sees_the_full_forward_inputs(monkeypatch):
     for name, (codes, scale, zero) in out.items():
         w = model.get_submodule(name).weight
         assert codes.shape == w.shape and scale.shape == zero.shape == (w.shape[0], w.shape[1] // 32)
+
+
+def test_bf16_calibration_gives_the_float32_hessians_to_bf16_precision_and_rounds_as_well(monkeypatch):
+    """Where the CPU multiplies bf16 natively the calibration forward and the Gram products run in bf16 (summed
+    in float32): each Hessian must stay within bf16's precision of the float32 one, and the rounded layers'
+    output error on the calibration inputs must be as small."""
+    import models.gptq as gptq
+
+    model = make_model(448).float()
+    batches = [torch.randint(5, 440, (n,)) for n in (32, 20, 41)]
+    names = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and m.in_features % 32 == 0]
+    seen = {torch.float32: [], torch.bfloat16: []}
+    real = gptq.gptq_int4
+    for dtype, got in seen.items():
+        monkeypatch.setattr(gptq, "gptq_int4", lambda w, h, g, got=got: got.append(h.clone()) or real(w, h, g))
+        gptq_layers(model, batches, names, 32, dtype=dtype)
+    assert len(seen[torch.float32]) == len(seen[torch.bfloat16]) > 0
+    for ref, got in zip(seen[torch.float32], seen[torch.bfloat16], strict=True):
+        assert got.dtype == torch.float32
+        assert (got - ref).abs().max() < 0.05 * ref.abs().max()  # bf16 inputs keep 8 bits
+        assert not torch.equal(got, ref)  # the bf16 path really ran
+
+
+def test_the_gram_product_is_float32_exact_on_either_path_and_the_c_digits_are_torchs(monkeypatch):
+    """XᵀX from two int8 digits per value (where int8 products are exact) or in float32 must match float64 to a
+    few parts in 10⁵ of its largest entry, with a column dominated by one outlier token (whose other values are
+    small against their column's scale: the case that needs q₂ᵀq₂). The C digits equal the torch ones."""
+    import models.gptq as gptq
+
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(3000, 1100, generator=gen) * torch.linspace(0.01, 3, 1100)
+    x[7] *= 60
+    ref = x.double().t() @ x.double()
+    for flag in ("1", "0"):
+        monkeypatch.setenv("PONDER_GPTQ_INT8", flag)
+        gptq.int8_gram_exact.cache_clear()
+        acc = torch.zeros(1100, 1100)
+        add_gram(acc, x)
+        assert (acc.double() - ref).abs().max() < 1e-4 * ref.abs().max(), flag
+        assert (acc.double().diagonal() - ref.diagonal()).abs().div(ref.diagonal()).max() < 1e-3, flag
+        assert torch.equal(acc, acc.t())
+    gptq.int8_gram_exact.cache_clear()
+    if gptq._gptq is not None:
+        for t in (x, x.bfloat16()):
+            fast = gptq.int8_digits(t)
+            monkeypatch.setattr(gptq, "_gptq", None)
+            slow = gptq.int8_digits(t)
+            monkeypatch.undo()
+            assert all(torch.equal(a, b) for a, b in zip(fast, slow, strict=True))
 
 
 def test_the_c_column_loop_rounds_as_the_python_one(monkeypatch):
