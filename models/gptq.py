@@ -149,7 +149,7 @@ def _round_rows(wt: torch.Tensor, hinv: torch.Tensor, diag: torch.Tensor, group:
 
 @torch.no_grad()
 def gptq_int4(w: torch.Tensor, hessian: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """codes (n, k) int32 in 0..15, scale and zero (n, k / group) bf16 for weight w (n, k) given H (k, k)."""
+    """codes (n, k) uint8 in 0..15, scale and zero (n, k / group) bf16 for weight w (n, k) given H (k, k)."""
     n, k = w.shape
     h, dead = _prepared_hessian(hessian)
     hinv = inverse_cholesky(h)
@@ -163,7 +163,7 @@ def gptq_int4(w: torch.Tensor, hessian: torch.Tensor, group: int) -> tuple[torch
         wt = w[r1:r2].float().t().contiguous()
         wt[dead] = 0
         _round_rows(wt, hinv, diag, group, codes[:, r1:r2], scales[r1:r2], zeros[r1:r2])
-    return codes.t(), scales.to(torch.bfloat16), zeros.to(torch.bfloat16)
+    return codes.t().to(torch.uint8), scales.to(torch.bfloat16), zeros.to(torch.bfloat16)  # kept for every layer
 
 
 def codes_fingerprint(codes: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> str:
@@ -364,10 +364,14 @@ def gptq_layers(model: nn.Module, batches: list[torch.Tensor], names: list[str],
     out: dict[str, tuple] = {}
     calls = [_cast(call, dtype) for call in _layer_inputs(model, batches)]
     tokens = sum(args[0].shape[0] * args[0].shape[1] for args, _ in calls)
+    buffers: dict[str, torch.Tensor] = {}
     for index, layer in enumerate(layers):
         prefix = f"model.layers.{index}."
         mine = {site: readers for site, readers in sites.items() if site.startswith(prefix)}
-        inputs = {site: torch.empty(tokens, modules[site].in_features, dtype=dtype) for site in mine}
+        for site in mine:  # the same buffers every layer: fresh ones cost page faults
+            if site[len(prefix):] not in buffers:
+                buffers[site[len(prefix):]] = torch.empty(tokens, modules[site].in_features, dtype=dtype)
+        inputs = {site: buffers[site[len(prefix):]] for site in mine}
         filled = dict.fromkeys(mine, 0)
         runner = layer if dtype == torch.float32 else copy.deepcopy(layer).to(dtype)
         hooks = [runner.get_submodule(site[len(prefix):]).register_forward_hook(
