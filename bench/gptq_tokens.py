@@ -5,7 +5,7 @@ calibration text, every k-th text, or each text's first N tokens (the shipped FP
 
 A variant `k` takes every k-th of the 64 texts whole (up to 512 tokens), `cN` all 64 cut at N tokens; a suffix
 `:fp32` runs the calibration forward and the Gram products in float32 (the path of CPUs without bf16 or VNNI
-units) where the default takes this CPU's (`models.gptq.calibration_dtype`, `int8_gram_exact`). The
+units) where the default takes this CPU's (`models.gptq.calibration_dtype`, `models.gram.int8_gram_exact`). The
 quantized linears run as float32 with their int4 codes dequantized (the function the int4 kernel computes, up
 to bf16 activations), against the float32 model, teacher-forced on `ponder bench quant`'s held text: mean KL,
 top-1 agreement and perplexity over the reply tokens. float32 everywhere because it is fast on every CPU here
@@ -25,7 +25,7 @@ from bench.quant import RESULTS, held_rows
 from bench.quant_fidelity import compare
 from core.loading import calibration_batches, load_plain, load_tokenizer, set_threads, shipped_fpt_spec
 from core.storage.model_store import ModelStore
-from models import gptq
+from models import gptq, gram
 from models.fpt import apply_fpt
 from models.gptq import dequantize, gptq_layers
 from models.quantization import packs_int4
@@ -63,7 +63,7 @@ def main(argv=None) -> int:
         base, _, how = variant.partition(":")
         cut = int(base[1:]) if base.startswith("c") else 512
         stride = 1 if base.startswith("c") else int(base)
-        gptq.int8_gram_exact.cache_clear()
+        gram.int8_gram_exact.cache_clear()
         os.environ["PONDER_GPTQ_INT8"] = "0" if how == "fp32" else "1"
         dtype = torch.float32 if how == "fp32" else gptq.calibration_dtype()
         batches = [b[:cut] for b in texts[::stride]]
@@ -78,7 +78,7 @@ def main(argv=None) -> int:
             for name, (q, scale, zero) in codes.items():
                 model.get_submodule(name).weight.copy_(dequantize(q, scale, zero, 128))
         row = {"texts": len(batches), "tokens": sum(b.numel() for b in batches), "gptq_s": round(seconds, 1),
-               "forward": str(dtype).removeprefix("torch."), "gram": "int8" if gptq.int8_gram_exact() else "float32",
+               "forward": str(dtype).removeprefix("torch."), "gram": "int8" if gram.int8_gram_exact() else "float32",
                **distance(ref, log_probs(model, rows), rows)}
         report["rows"][variant] = row
         print(variant, json.dumps(row), flush=True)

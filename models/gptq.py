@@ -19,12 +19,12 @@ Used by `w4-fpt` after the FPTQuant° transforms (the paper trains its grids end
 from __future__ import annotations
 
 import copy
-import functools
 
 import torch
 from torch import nn
 
 from . import int4_grid
+from .gram import add_gram
 
 try:
     from models import _gptq  # the column loop in C (models/_gptq.c), built at install where a compiler is
@@ -35,12 +35,6 @@ CLIP_RATIOS = (1.0, 0.95, 0.9, 0.85, 0.8)
 DAMP = 0.01
 ROW_CHUNK = 8192
 """Rows rounded together: a group's block (ROW_CHUNK × group floats, 4 MiB at group 128) stays in cache."""
-GRAM_BLOCK = 1024
-"""XᵀX of wider inputs is summed over blocks of this many columns, the upper ones only (down_proj: 62% of a GEMM)."""
-GRAM_TOKENS = 65536
-"""int8 products of XᵀX sum at most this many tokens (each within int32: 65536·127² < 2³¹)."""
-
-
 def _grid(w: torch.Tensor, importance: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row of w (n, group): bf16-exact (scale, zero) of the clipped min-max grid with least weighted error."""
     best = None
@@ -193,83 +187,6 @@ def dequantize(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, gro
     s = scale.float().repeat_interleave(group, 1)
     z = zero.float().repeat_interleave(group, 1)
     return (codes.float() - int4_grid.MID) * s + z
-
-
-def add_gram(acc: torch.Tensor, x: torch.Tensor) -> None:
-    """acc += xᵀx (acc symmetric, float32), computing only the blocks on and above the diagonal.
-
-    Where the CPU's int8 products are exact and fast (VNNI: 1.7 TOP/s on a 2-core EPYC against float32's 0.2
-    TFLOP/s), x is written as two int8 digits per value and column, x = s·(q₁ + q₂/254) (|x − that| ≤ max|x|/64516),
-    and xᵀx = s·(q₁ᵀq₁ + (q₁ᵀq₂ + q₂ᵀq₁)/254 + q₂ᵀq₂/254²)·s from four exact int32 sums (the last is not
-    negligible for a column whose values are mostly far below its largest). Elsewhere the product is float32.
-    torch's bf16 products are not used: they round their output to bf16, noise as large as GPTQ's damping,
-    which can leave H not positive definite."""
-    if int8_gram_exact():
-        for t in range(0, x.shape[0], GRAM_TOKENS):
-            _add_upper_int8(acc, x[t:t + GRAM_TOKENS])
-    else:
-        _add_upper(acc, x.float())
-    d = x.shape[1]
-    for i in range(GRAM_BLOCK, d, GRAM_BLOCK):  # mirror the upper blocks into the lower ones
-        acc[i:i + GRAM_BLOCK, :i] = acc[:i, i:i + GRAM_BLOCK].t()
-
-
-def _add_upper(acc: torch.Tensor, x: torch.Tensor) -> None:
-    d = x.shape[1]
-    xt = x.t().contiguous() if d > GRAM_BLOCK else x.t()
-    for i in range(0, d, GRAM_BLOCK):
-        acc[i:i + GRAM_BLOCK, i:].addmm_(xt[i:i + GRAM_BLOCK], x[:, i:])
-
-
-def int8_digits(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(q₁, q₂ int8, s float32 per column) with x ≈ s·(q₁ + q₂/254); in C where built (two passes over x
-    instead of ten), the same digits."""
-    if _gptq is not None and hasattr(_gptq, "int8_digits") and x.dtype in (torch.float32, torch.bfloat16):
-        x = x.contiguous()
-        n, d = x.shape
-        q1, q2 = torch.empty(n, d, dtype=torch.int8), torch.empty(n, d, dtype=torch.int8)
-        scale = torch.empty(d)
-        _gptq.int8_digits(x.data_ptr(), int(x.dtype == torch.bfloat16), n, d, scale.data_ptr(), q1.data_ptr(),
-                          q2.data_ptr())
-        return q1, q2, scale
-    x = x.float()
-    scale = x.abs().amax(0).clamp_(min=1e-30) / 127
-    r = x / scale
-    q1 = r.round()
-    q2 = r.sub_(q1).mul_(254).round_()
-    return q1.to(torch.int8), q2.to(torch.int8), scale
-
-
-def _add_upper_int8(acc: torch.Tensor, x: torch.Tensor) -> None:
-    q1, q2, scale = int8_digits(x)
-    d = x.shape[1]
-    q1t, q2t = q1.t().contiguous(), q2.t().contiguous()
-    for i in range(0, d, GRAM_BLOCK):
-        a1, a2 = q1t[i:i + GRAM_BLOCK], q2t[i:i + GRAM_BLOCK]
-        block = torch._int_mm(a1, q1[:, i:]).float()
-        block += torch._int_mm(a1, q2[:, i:]).float().add_(torch._int_mm(a2, q1[:, i:]).float()).div_(254)
-        block += torch._int_mm(a2, q2[:, i:]).float().div_(254 * 254)
-        acc[i:i + GRAM_BLOCK, i:] += block.mul_(scale[i:i + GRAM_BLOCK, None] * scale[None, i:])  # symmetric
-
-
-@functools.cache
-def int8_gram_exact() -> bool:
-    """Whether torch's int8 products are exact here, checked on full-range values (`PONDER_GPTQ_INT8=0`: never).
-    On x86 CPUs without VNNI oneDNN sums u8·s8 pairs in saturating int16 and is not; with VNNI they are exact
-    and four of them take half a float32 product's time (3.1 against 5.2 s for the 1.5B's down_proj)."""
-    import os
-
-    if os.environ.get("PONDER_GPTQ_INT8", "1") == "0":
-        return False
-    gen = torch.Generator().manual_seed(0)
-    a = torch.randint(-127, 128, (512, 2048), dtype=torch.int8, generator=gen)
-    b = torch.randint(-127, 128, (2048, 512), dtype=torch.int8, generator=gen)
-    a[0], b[:, 0] = 127, 127  # the extreme pair sums too
-    try:
-        got = torch._int_mm(a, b)
-    except RuntimeError:
-        return False
-    return torch.equal(got, (a.to(torch.int32) @ b.to(torch.int32)))
 
 
 def calibration_dtype() -> torch.dtype:

@@ -2,7 +2,8 @@
 packed int4 layer are what its kernel computes with."""
 import torch
 
-from models.gptq import add_gram, dequantize, gptq_int4, gptq_layers, inverse_cholesky, set_int4
+from models.gptq import dequantize, gptq_int4, gptq_layers, inverse_cholesky, set_int4
+from models.gram import add_gram
 from models.quantization import dense_weight, quantize_model
 from tests.tiny import make_model
 
@@ -48,18 +49,18 @@ def test_inverse_cholesky_is_the_upper_factor_of_the_inverse():
 
 
 def test_blocked_gram_equals_the_full_product(monkeypatch):
-    import models.gptq as gptq
+    import models.gram as gram
 
-    monkeypatch.setattr(gptq, "GRAM_BLOCK", 48)  # 200 columns: blocks of 48, 48, 48, 48, 8
+    monkeypatch.setattr(gram, "GRAM_BLOCK", 48)  # 200 columns: blocks of 48, 48, 48, 48, 8
     x = torch.randn(64, 200)
     for flag, tolerance in (("0", 1e-4), ("1", 1e-2)):  # float32; int8 digits (~1e-5 of a column's largest)
         monkeypatch.setenv("PONDER_GPTQ_INT8", flag)
-        gptq.int8_gram_exact.cache_clear()
+        gram.int8_gram_exact.cache_clear()
         acc = torch.ones(200, 200)
         add_gram(acc, x)
         assert torch.allclose(acc, 1 + x.t() @ x, atol=tolerance), flag
         assert torch.equal(acc, acc.t()), flag
-    gptq.int8_gram_exact.cache_clear()
+    gram.int8_gram_exact.cache_clear()
 
 
 def reference_hessians(model, batches, names):
@@ -137,7 +138,7 @@ def test_the_gram_product_is_float32_exact_on_either_path_and_the_c_digits_are_t
     """XᵀX from two int8 digits per value (where int8 products are exact) or in float32 must match float64 to a
     few parts in 10⁵ of its largest entry, with a column dominated by one outlier token (whose other values are
     small against their column's scale: the case that needs q₂ᵀq₂). The C digits equal the torch ones."""
-    import models.gptq as gptq
+    import models.gram as gram
 
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(3000, 1100, generator=gen) * torch.linspace(0.01, 3, 1100)
@@ -145,18 +146,18 @@ def test_the_gram_product_is_float32_exact_on_either_path_and_the_c_digits_are_t
     ref = x.double().t() @ x.double()
     for flag in ("1", "0"):
         monkeypatch.setenv("PONDER_GPTQ_INT8", flag)
-        gptq.int8_gram_exact.cache_clear()
+        gram.int8_gram_exact.cache_clear()
         acc = torch.zeros(1100, 1100)
         add_gram(acc, x)
         assert (acc.double() - ref).abs().max() < 1e-4 * ref.abs().max(), flag
         assert (acc.double().diagonal() - ref.diagonal()).abs().div(ref.diagonal()).max() < 1e-3, flag
         assert torch.equal(acc, acc.t())
-    gptq.int8_gram_exact.cache_clear()
-    if gptq._gptq is not None:
+    gram.int8_gram_exact.cache_clear()
+    if gram._gptq is not None:
         for t in (x, x.bfloat16()):
-            fast = gptq.int8_digits(t)
-            monkeypatch.setattr(gptq, "_gptq", None)
-            slow = gptq.int8_digits(t)
+            fast = gram.int8_digits(t)
+            monkeypatch.setattr(gram, "_gptq", None)
+            slow = gram.int8_digits(t)
             monkeypatch.undo()
             assert all(torch.equal(a, b) for a, b in zip(fast, slow, strict=True))
 
