@@ -35,6 +35,9 @@ CLIP_RATIOS = (1.0, 0.95, 0.9, 0.85, 0.8)
 DAMP = 0.01
 ROW_CHUNK = 8192
 """Rows rounded together: a group's block (ROW_CHUNK × group floats, 4 MiB at group 128) stays in cache."""
+ROW_CHUNK_C = 16384
+"""Rows per call of the C loop (which keeps its own row blocks of 256 in cache): rows are independent given H, so
+the LM head's 151,936 rows need not be copied and widened all at once (2.8 GB for the 1.5B)."""
 def _grid(w: torch.Tensor, importance: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row of w (n, group): bf16-exact (scale, zero) of the clipped min-max grid with least weighted error."""
     best = None
@@ -148,16 +151,18 @@ def gptq_int4(w: torch.Tensor, hessian: torch.Tensor, group: int) -> tuple[torch
     h, dead = _prepared_hessian(hessian)
     hinv = inverse_cholesky(h)
     diag = torch.diagonal(h).clone()
-    codes = torch.empty(k, n, dtype=torch.int32)
+    codes = torch.empty(n, k, dtype=torch.uint8)  # kept for every layer until the model is packed
     scales = torch.empty(n, k // group)
     zeros = torch.empty(n, k // group)
-    chunk = n if _gptq is not None else ROW_CHUNK  # the C loop keeps its own row blocks in cache
+    chunk = ROW_CHUNK_C if _gptq is not None else ROW_CHUNK
     for r1 in range(0, n, chunk):
         r2 = min(n, r1 + chunk)
         wt = w[r1:r2].float().t().contiguous()
         wt[dead] = 0
-        _round_rows(wt, hinv, diag, group, codes[:, r1:r2], scales[r1:r2], zeros[r1:r2])
-    return codes.t().to(torch.uint8), scales.to(torch.bfloat16), zeros.to(torch.bfloat16)  # kept for every layer
+        block = torch.empty(k, r2 - r1, dtype=torch.int32)
+        _round_rows(wt, hinv, diag, group, block, scales[r1:r2], zeros[r1:r2])
+        codes[r1:r2] = block.t()
+    return codes, scales.to(torch.bfloat16), zeros.to(torch.bfloat16)
 
 
 def codes_fingerprint(codes: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> str:
@@ -211,8 +216,8 @@ def _input_sites(names: list[str]) -> dict[str, list[str]]:
 
 def _round_site(modules: dict[str, nn.Module], names: list[str], hessian: torch.Tensor, group: int, out: dict) -> None:
     """One GPTQ over the stacked rows of every linear reading this input (rows are independent given H)."""
-    weights = [modules[name].weight.float() for name in names]
-    codes, scale, zero = gptq_int4(torch.cat(weights), hessian, group)
+    weights = [modules[name].weight for name in names]
+    codes, scale, zero = gptq_int4(weights[0] if len(weights) == 1 else torch.cat(weights), hessian, group)
     start = 0
     for name, w in zip(names, weights, strict=True):
         end = start + w.shape[0]
