@@ -196,20 +196,28 @@ def apply_fpt(model: nn.Module, spec: FptSpec) -> nn.Module:
         for norm in [inner.norm] + [n for layer in inner.layers for n in (layer.input_layernorm,
                                                                            layer.post_attention_layernorm)]:
             norm.weight.fill_(1.0)
-    for i, layer in enumerate(inner.layers):  # the norms emit x / c, the readers' columns take c
-        for norm, scale in ((layer.input_layernorm, spec.attn_input_scale[i]),
-                            (layer.post_attention_layernorm, spec.mlp_input_scale[i])):
-            norm.weight.copy_((norm.weight.float() / scale).to(norm.weight.dtype))
-    for name, module in model.named_modules():
+    for i in range(len(inner.layers)):
+        merge_layer(model, spec, i)
+    model.ponder_fpt = spec
+    return model
+
+
+@torch.no_grad()
+def merge_layer(model: nn.Module, spec: FptSpec, index: int) -> None:
+    """One decoder layer's share of `apply_fpt` (its two norms and seven linears), in float32 math, stored back in
+    the layer's dtype: W4-FPT preparation merges and rounds one layer at a time (`gptq_layers`' `before`)."""
+    layer = model.model.layers[index]
+    for norm, scale in ((layer.input_layernorm, spec.attn_input_scale[index]),  # the norms emit x / c,
+                        (layer.post_attention_layernorm, spec.mlp_input_scale[index])):  # the readers take c
+        norm.weight.copy_((norm.weight.float() / scale).to(norm.weight.dtype))
+    for name, module in layer.named_modules():
         if name.rpartition(".")[2] not in LINEAR_LEAVES or not isinstance(module, nn.Linear):
             continue
-        lmap, rmap = module_maps(spec, config, name)
+        lmap, rmap = module_maps(spec, model.config, f"model.layers.{index}.{name}")
         w = module.weight
         w.copy_(left(lmap, right(w.float(), rmap)).to(w.dtype))
         if module.bias is not None:
             module.bias.copy_(left(lmap, module.bias.float()).to(module.bias.dtype))
-    model.ponder_fpt = spec
-    return model
 
 
 def invert(m: Map) -> Map:

@@ -270,24 +270,35 @@ def _cast(value, dtype: torch.dtype):
 
 @torch.no_grad()
 def gptq_layers(model: nn.Module, batches: list[torch.Tensor], names: list[str], group: int,
-                report=None, dtype: torch.dtype | None = None) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+                report=None, dtype: torch.dtype | None = None, before=None,
+                after=None) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """GPTQ codes for the named linears of a float model (already transformed): name -> (codes, scale, zero).
 
     The calibration batches (1-D id tensors) run through the decoder one layer at a time; each layer's Hessians
     are collected from its inputs, its linears rounded, and the Hessians dropped before the next layer. The
     forward and the Gram products compute in `dtype` (default `calibration_dtype()`; for bf16 on a bf16 copy of
     each layer, the float32 weights being what is rounded). The LM head's Hessian comes from the final norm's
-    output. `report(done, total)` after every layer."""
+    output. `report(done, total)` after every layer; `before(index)` and `after(index)` around each layer's turn
+    (W4-FPT merges a layer in float32 just before and drops it back to bf16 just after: one float32 layer at a
+    time)."""
     dtype = dtype or calibration_dtype()
     modules = dict(model.named_modules())
     sites = _input_sites(names)
     layers = model.model.layers
     steps = len(layers) + (1 if "lm_head" in names else 0)
     out: dict[str, tuple] = {}
-    calls = [_cast(call, dtype) for call in _layer_inputs(model, batches)]
+    embed = model.get_input_embeddings()
+    weight = embed.weight.data
+    embed.weight.data = weight.to(dtype)  # the first layer's inputs (hidden states, rotary tables) in `dtype`
+    try:
+        calls = [_cast(call, dtype) for call in _layer_inputs(model, batches)]
+    finally:
+        embed.weight.data = weight
     tokens = sum(args[0].shape[0] * args[0].shape[1] for args, _ in calls)
     buffers: dict[str, torch.Tensor] = {}
     for index, layer in enumerate(layers):
+        if before:
+            before(index)
         prefix = f"model.layers.{index}."
         mine = {site: readers for site, readers in sites.items() if site.startswith(prefix)}
         for site in mine:  # the same buffers every layer: fresh ones cost page faults
@@ -314,11 +325,13 @@ def gptq_layers(model: nn.Module, batches: list[torch.Tensor], names: list[str],
             add_gram(gram, x)
             del x
             _round_site(modules, readers, gram, group, out)
+        if after:
+            after(index)
         if report:
             report(index + 1, steps)
     if "lm_head" in names:
         acc = torch.zeros(model.lm_head.in_features, model.lm_head.in_features)
-        norm = model.model.norm if dtype == torch.float32 else copy.deepcopy(model.model.norm).to(dtype)
+        norm = copy.deepcopy(model.model.norm).to(dtype)
         for args, _ in calls:
             hidden = norm(args[0])
             add_gram(acc, hidden.reshape(-1, hidden.shape[-1]))

@@ -199,3 +199,32 @@ def test_the_c_grid_is_the_python_grid():
     same = (scale == ref_scale) & (zero == ref_zero)
     assert same.float().mean() > 0.995  # all but near-ties of two clip ratios' summed errors
     assert torch.equal(scale, scale.to(torch.bfloat16).float()) and torch.equal(zero, zero.to(torch.bfloat16).float())
+
+
+def test_w4_fpt_merged_a_layer_at_a_time_rounds_as_the_whole_float32_model(monkeypatch):
+    """W4-FPT preparation keeps the model in bf16 and takes one layer at a time to float32 (merge, calibrate,
+    round): the codes must be exactly those of merging the whole model in float32 first, on either calibration
+    path, so the shipped adapters keep the codes they were trained on."""
+    import copy
+
+    import models.gptq as gptq
+    from models.fpt import apply_fpt
+    from models.fpt_calibration import calibrate, quantize_w4_fpt
+    from models.gptq import codes_fingerprint
+    from models.quantization import packs_int4
+
+    model = make_model(448, hidden_size=256)
+    batches = [torch.randint(5, 440, (n,)) for n in (32, 20, 41)]
+    spec = calibrate(copy.deepcopy(model).float(), batches, group=32, rotate=False)
+    names = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and packs_int4(m, 32)]
+    assert len(names) == 7 * model.config.num_hidden_layers + 1
+    for dtype in (torch.float32, torch.bfloat16):
+        monkeypatch.setattr(gptq, "calibration_dtype", lambda dtype=dtype: dtype)
+        whole = apply_fpt(copy.deepcopy(model).float(), spec)
+        expected = codes_fingerprint(gptq_layers(whole, batches, names, 32))
+        for layer_by_layer in (True, False):
+            steps = []
+            quantized = quantize_w4_fpt(copy.deepcopy(model), batches, head_bits=4, group=32, spec=spec,
+                                        report=lambda d, t, steps=steps: steps.append(d), layer_by_layer=layer_by_layer)
+            assert quantized.ponder_codes == expected
+            assert steps[-1] == model.config.num_hidden_layers + 1
