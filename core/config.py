@@ -146,6 +146,9 @@ class SftArgs:
     lr: float = 2e-4
     warmup_ratio: float = 0.1
     max_response_tokens: int = 320
+    max_thinking_chars: int = 900
+    """`--out` runs on GSM8K/MATH trace rows: traces longer than this many characters are skipped before
+    drawing (900, about 240 tokens, suits the 0.5B; the 1.5B's own right traces at budget 512 run longer)."""
     seed: int = 0
     threads: int | None = None
     init_adapter: str | None = None

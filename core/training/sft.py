@@ -99,7 +99,8 @@ def setup(args: SftArgs, store: ModelStore | None = None) -> Prepared:
         train, held = split_held_out(records, args.held_out, args.seed)
         encoded = [encode_record(tokenizer, rec, args.kind) for rec in train]
     else:
-        examples = load_examples([Path(p) for p in args.data], args.examples, args.seed)
+        examples = load_examples([Path(p) for p in args.data], args.examples, args.seed,
+                                 max_chars=args.max_thinking_chars)
         encoded = [encode_example(tokenizer, ex) for ex in examples]
         encoded = [(p, r) for p, r in encoded if len(r) <= args.max_response_tokens]
     if not encoded:
@@ -281,8 +282,8 @@ def finish(args: SftArgs, rd: RunDir, prep: Prepared, log: list[dict]) -> Path |
 
 
 FLAGS = ("model_id", "precision", "examples", "steps", "grad_accum", "rank", "alpha", "dropout", "lr", "warmup_ratio",
-         "max_response_tokens", "max_tokens", "held_out", "eval_examples", "eval_tokens", "checkpoint_every", "seed",
-         "threads")
+         "max_response_tokens", "max_thinking_chars", "max_tokens", "held_out", "eval_examples", "eval_tokens",
+         "checkpoint_every", "seed", "threads")
 
 
 def build_parser() -> argparse.ArgumentParser:
