@@ -58,6 +58,20 @@ def trace_row(item: Item, sample: Sample, provenance: dict) -> dict:
             "provenance": {**provenance, "trace_tokens": sample.tokens}}
 
 
+def rft_rows(paths: list[Path], per_question: int, max_trace_tokens: int) -> list[dict]:
+    """Rejection-sampling fine-tuning rows from distill outputs: per question, up to `per_question` distinct right
+    traces (by thinking text, across files), shortest first, each within `max_trace_tokens`."""
+    by_question: dict[str, dict[str, dict]] = {}
+    for path in paths:
+        for row in _read_rows(path):
+            if row["provenance"].get("trace_tokens", 0) <= max_trace_tokens:
+                by_question.setdefault(row["question"], {}).setdefault(row["thinking"].strip(), row)
+    out = []
+    for rows in by_question.values():
+        out += sorted(rows.values(), key=lambda r: r["provenance"]["trace_tokens"])[:per_question]
+    return out
+
+
 def state_path(out: Path) -> Path:
     return out.with_name(out.name + ".state.json")
 

@@ -99,3 +99,17 @@ def test_ponder_eval_runs_the_library_adapter_it_is_given_and_refuses_a_missing_
     assert summary["adapter"] == "fresh" and summary["n"] == 2 and summary["mode"] == "reason"
     assert run_cli(argv + ["--adapter", "no-such-adapter"]) == 2
     assert "did not load" in capsys.readouterr().err
+
+
+def test_rft_rows_keep_the_shortest_distinct_right_traces_of_each_question_within_the_cap(tmp_path):
+    from core.training.distill import rft_rows
+
+    def row(q, thinking, tokens):
+        return json.dumps({"question": q, "thinking": thinking, "answer": "1",
+                           "provenance": {"trace_tokens": tokens}}) + "\n"
+
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text(row("q1", "long", 300) + row("q1", "short", 100) + row("q2", "too long", 600))
+    b.write_text(row("q1", "short ", 100) + row("q1", "mid", 200) + row("q2", "fits", 50))
+    rows = rft_rows([a, b], per_question=2, max_trace_tokens=448)
+    assert [(r["question"], r["thinking"]) for r in rows] == [("q1", "short"), ("q1", "mid"), ("q2", "fits")]
