@@ -6,7 +6,7 @@ conversion and preparation, and one question answered.
 
 Each step runs as its own command in a clone of this repository (HEAD) under a temporary folder, with
 PONDER_HOME there, so nothing already prepared on this machine is reused; pip's download cache is (a machine
-that never ran pip downloads about 1 GB more for the venv). Results: bench/results/first_answer_<model>.{json,md}.
+that never ran pip downloads about 1 GB more for the venv). Results: bench/results/first_answer_<model>[_<tag>].{json,md}.
 """
 from __future__ import annotations
 
@@ -43,6 +43,7 @@ def main(argv=None) -> int:
     p.add_argument("--model", default="auto", help="'auto' (the window's first-launch choice) or a model id")
     p.add_argument("--question", default=QUESTION)
     p.add_argument("--keep", action="store_true", help="keep the temporary clone")
+    p.add_argument("--tag", default="", help="suffix of the result files (a CPU family, say)")
     args = p.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="ponder-first-"))
     clone, home, log = tmp / "ponder", tmp / "home", tmp / "log.txt"
@@ -65,7 +66,8 @@ def main(argv=None) -> int:
               "setup_stages_s": stages, "total_s": round(total, 1), "question": args.question,
               "answer": reply.get("answer", reply), "log": str(log) if args.keep else None}
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"first_answer_{model_id}.json").write_text(json.dumps(report, indent=2) + "\n")
+    name = f"first_answer_{model_id}{'_' + args.tag if args.tag else ''}"
+    (RESULTS / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
     lines = [f"Fresh clone to first answer on {model_id}, {report['cpu']}, {report['date']}:", "",
              "| step | seconds |", "|---|---:|"]
     lines += [f"| {k} | {v:.0f} |" for k, v in steps.items()]
@@ -73,7 +75,7 @@ def main(argv=None) -> int:
     lines += [f"| **total** | **{total:.0f}** |", ""]
     if report["chosen"]:
         lines.append(f"Chosen: {report['chosen']}")
-    (RESULTS / f"first_answer_{model_id}.md").write_text("\n".join(lines) + "\n")
+    (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     if not args.keep:
         subprocess.run(["rm", "-rf", str(tmp)], check=False)

@@ -208,10 +208,11 @@ def _reasoning_cards(installed: InstalledModel, store: ModelStore, wanted: str |
         return cards
 
 
-def other_weights_note(label: str, trained_on: str | None, serving: str) -> str | None:
+def other_weights_note(label: str, trained_on: str | None, serving: str, validated=()) -> str | None:
     """A user-visible note when a component was trained on other weights than the model runs on: an adapter or
-    head fits the hidden states of the weights it was trained on (W4 and W4-FPT states differ enough to matter)."""
-    if not trained_on or trained_on == serving or trained_on not in PRECISION_LABELS:
+    head fits the hidden states of the weights it was trained on (W4 and W4-FPT states differ enough to matter).
+    `validated`: weights it was measured on since and kept for (an adapter's `validated_on`), no note there."""
+    if not trained_on or trained_on == serving or trained_on not in PRECISION_LABELS or serving in validated:
         return None
     return (f"The {label} was trained on {PRECISION_LABELS[trained_on]} weights and this model runs on "
             f"{PRECISION_LABELS[serving]}: it may work less well (retrain it on these weights, or run the model "
@@ -225,7 +226,8 @@ def attach_reasoning(engine: Engine, cards, warnings: list[str]) -> None:
         try:
             meta = adapters.adapter_meta(card.folder)  # a damaged card is a damaged adapter
             engine.use_reasoning_adapter(card)
-            note = other_weights_note("reasoning adapter", meta.get("base_precision"), engine.precision)
+            note = other_weights_note("reasoning adapter", meta.get("base_precision"), engine.precision,
+                                      meta.get("validated_on") or {})
             if note:
                 warnings.append(note)
             return

@@ -54,10 +54,21 @@ def test_components_trained_on_other_weights_load_with_a_note(tiny_store, adapte
                                "work less well (retrain it on these weights, or run the model with --precision w4)."]
 
 
+def test_an_adapter_measured_on_the_served_weights_loads_without_the_note(tiny_store, adapter_dir):
+    """An adapter trained on W4 and measured since on the weights now served (`validated_on`) is kept quietly."""
+    meta = adapters.adapter_meta(adapter_dir)
+    adapters.save_adapter(adapters.attach_new(make_model(448), rank=4), adapter_dir,
+                          {**meta, "base_precision": "w4", "validated_on": {"bf16": "dev: as good as on W4"}})
+    engine = load_engine(EngineConfig(model_id=TINY_ID, precision="bf16", kv="bf16"), tiny_store)
+    assert engine.can_reason and engine.warnings == []
+    engine = load_engine(EngineConfig(model_id=TINY_ID, precision="w8", kv="bf16"), tiny_store)
+    assert engine.can_reason and "trained on W4 weights and this model runs on W8" in engine.warnings[0]
+
+
 def test_each_model_has_its_default_weights():
     from models.registry import DEFAULT_MODEL_ID
 
     assert EngineConfig().precision == "w4-fpt"  # the embedded model: its shipped adapter and heads are trained on it
-    assert EngineConfig(model_id="qwen2.5-coder-1.5b-instruct").precision == "w4"
+    assert EngineConfig(model_id="qwen2.5-coder-1.5b-instruct").precision == "w4-fpt"
     assert EngineConfig(model_id=TINY_ID).precision == "w4"  # an import: W4, prepared in seconds
     assert EngineConfig(model_id=DEFAULT_MODEL_ID, precision="bf16").precision == "bf16"

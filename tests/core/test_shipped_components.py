@@ -34,6 +34,8 @@ def test_reasoning_adapter_matches_its_model(model_dir):
     config = json.loads((folder / "adapter_config.json").read_text())
     assert meta["kind"] == "reasoning" and meta["base_model"] == model_dir.name
     assert meta["command"].startswith("ponder train sft") and meta["traces_from"]
+    # made on, or measured on, the weights the app serves the model on: no "trained on other weights" note
+    assert meta["base_precision"] == spec.precision or spec.precision in meta.get("validated_on", {})
     rank = config["r"]
     with safe_open(str(folder / "adapter_model.safetensors"), "pt") as f:
         names = list(f.keys())
