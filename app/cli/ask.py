@@ -24,7 +24,7 @@ def add_parser(sub) -> None:
                           "auto: the switcher decides")
     ask.add_argument("--budget", type=whole(0), default=None,
                      help="thinking budget in tokens; 0 = no budget, up to the context (default: the model's, "
-                          "chosen on dev: 256 for the 0.5B, 512 for the 1.5B)")
+                          "chosen on dev: 512 for both shipped models, 256 for imports)")
     ask.add_argument("--answer-max-tokens", type=whole(1), default=256, help="cap on the answer after thinking (default 256)")
     ask.add_argument("--parallel", type=whole(1, 8), default=1, metavar="N",
                      help="sample N answers (1-8) from one prefill and vote (verifier-weighted when available)")

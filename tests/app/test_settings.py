@@ -69,7 +69,7 @@ def test_a_new_message_starts_at_the_models_own_budget_unless_one_is_preferred()
     fresh = AppSettings()
     assert fresh.budget == 0
     assert composer_budget(fresh, "qwen2.5-coder-1.5b-instruct") == 512  # chosen on dev
-    assert composer_budget(fresh, "qwen2.5-coder-0.5b-instruct") == 256
+    assert composer_budget(fresh, "qwen2.5-coder-0.5b-instruct") == 512  # chosen on dev too
     assert composer_budget(fresh, "an-imported-model") == 256
     assert composer_budget(AppSettings(budget=128), "qwen2.5-coder-1.5b-instruct") == 128
     assert composer_budget(AppSettings(budget=None), "qwen2.5-coder-1.5b-instruct") is None
