@@ -58,6 +58,7 @@ def test_heads_read_their_models_hidden_states(model_dir, kind):
     assert head["kind"] == kind and head["model"] == model_dir.name
     assert head["hidden_size"] == KNOWN_MODELS[model_dir.name].hidden_size
     assert head["trained_on"]["command"].startswith(f"ponder train {kind}")
+    assert head["precision"] == KNOWN_MODELS[model_dir.name].precision  # fitted on the weights the app serves
     if kind == "verifier":  # the ranking a weighted vote needs, measured out of fold, is part of what ships
         oof = head["within_question_auc_oof"]
         # it ranks a question's right answers above its wrong ones better than a coin (0.5; a head trained on
