@@ -215,7 +215,7 @@ def test_budget_tooltip_shows_the_shipped_adapters_measured_budgets(qtbot, loop,
     try:
         win.update_reasoning_available()
         assert win.composer.budget.toolTip() == f"{BUDGET_TIP}\n{budget_note(model_id)}"
-        assert "256 → 44.7%" in win.composer.budget.toolTip()
+        assert "512 → 57.0%" in win.composer.budget.toolTip()
         win.settings = replace(win.settings, reasoning_adapters={model_id: "my-own"})
         win.update_reasoning_available()  # a library adapter: the shipped one's figures do not apply
         assert win.composer.budget.toolTip() == BUDGET_TIP
