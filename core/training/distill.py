@@ -60,11 +60,20 @@ def trace_row(item: Item, sample: Sample, provenance: dict) -> dict:
 
 def rft_rows(paths: list[Path], per_question: int, max_trace_tokens: int) -> list[dict]:
     """Rejection-sampling fine-tuning rows from distill outputs: per question, up to `per_question` distinct right
-    traces (by thinking text, across files), shortest first, each within `max_trace_tokens`."""
+    traces (by thinking text, across files), shortest first, each within `max_trace_tokens`. A missing file or a
+    row that is not a distill row is a ValueError naming it (a typo must not silently drop a file's rows)."""
     by_question: dict[str, dict[str, dict]] = {}
     for path in paths:
-        for row in _read_rows(path):
-            if row["provenance"].get("trace_tokens", 0) <= max_trace_tokens:
+        if not path.is_file():
+            raise ValueError(f"{path}: no such file")
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            try:
+                row = json.loads(line) if line.strip() else None
+                if row is not None and not (row["question"] and row["thinking"] and "trace_tokens" in row["provenance"]):
+                    raise KeyError("trace_tokens")
+            except (ValueError, KeyError, TypeError) as err:
+                raise ValueError(f"{path}:{n}: not a `ponder train distill` row ({err})") from err
+            if row is not None and row["provenance"]["trace_tokens"] <= max_trace_tokens:
                 by_question.setdefault(row["question"], {}).setdefault(row["thinking"].strip(), row)
     out = []
     for rows in by_question.values():

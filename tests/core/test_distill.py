@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from core.data.datasets import Item
 from core.data.sft import encode_example, example_from_row
 from core.training.distill import Sample, pick_trace, right_path, trace_row, usable_right
@@ -113,3 +115,8 @@ def test_rft_rows_keep_the_shortest_distinct_right_traces_of_each_question_withi
     b.write_text(row("q1", "short ", 100) + row("q1", "mid", 200) + row("q2", "fits", 50))
     rows = rft_rows([a, b], per_question=2, max_trace_tokens=448)
     assert [(r["question"], r["thinking"]) for r in rows] == [("q1", "short"), ("q1", "mid"), ("q2", "fits")]
+    with pytest.raises(ValueError, match="no such file"):
+        rft_rows([a, tmp_path / "typo.jsonl"], per_question=2, max_trace_tokens=448)
+    b.write_text(row("q3", "ok", 10) + '{"question": "q4", "thinking": "t", "answer": "1", "provenance": {}}\n')
+    with pytest.raises(ValueError, match="b.jsonl:2: not a `ponder train distill` row"):
+        rft_rows([b], per_question=2, max_trace_tokens=448)
