@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from . import int4_kernel
+from . import int4_grid, int4_kernel
 from .fpt import FptSpec
 from .int4_kernel import int4_mm
 
@@ -47,9 +47,11 @@ def packs_int4(module: nn.Module, group_size: int = GROUP_SIZE) -> bool:
 
 
 def quantize_model(model: nn.Module, bits: int, head_bits: int | None = None,
-                   group_size: int = GROUP_SIZE) -> nn.Module:
+                   group_size: int = GROUP_SIZE, int4_codes: dict | None = None) -> nn.Module:
     """Quantize every linear layer in place to `bits` (4 or 8), the LM head to `head_bits` (None = keep bf16);
-    int4 layers with one scale and zero point per `group_size` inputs."""
+    int4 layers with one scale and zero point per `group_size` inputs. `int4_codes`: name -> (codes, scale,
+    zero) already chosen (GPTQ) for int4 layers, packed as they are instead of rounding those layers to nearest
+    first (quanto's rounding and packing of the 1.5B's layers took ~13 s that GPTQ's codes then replaced)."""
     from optimum.quanto import freeze, quantize
     from optimum.quanto.nn import QLinear
 
@@ -71,6 +73,9 @@ def quantize_model(model: nn.Module, bits: int, head_bits: int | None = None,
     for name, module in model.named_modules():
         if isinstance(module, QLinear) and name in plan[4]:
             module.weight_group_size = group_size  # read by freeze() when it quantizes the weight
+            if int4_codes and name in int4_codes:  # frozen already: freeze() leaves a QTensor weight as it is
+                q, scale, zero = int4_codes[name]
+                module.weight = _packed_weight(module, int4_grid.pack(q), int4_grid.scales_zeros(scale, zero))
     freeze(model)
     if group_size != 128:  # quanto packs for torch's int4 kernel only at group 128; the kernel itself takes 32-256
         _pack_for_cpu_kernel(model, plan[4])
@@ -177,7 +182,6 @@ def read_weights(path: Path, group: int = 16) -> dict[str, torch.Tensor]:
 def load_quantized(folder: Path) -> nn.Module:
     """Rebuild a Qwen2 model on `meta` and adopt the saved tensors as they are: no re-quantizing, no dense copy."""
     from optimum.quanto.quantize import _quantize_submodule
-    from optimum.quanto.tensor.weights.tinygemm import TinyGemmPackedTensor
     from transformers import AutoConfig, AutoModelForCausalLM
 
     folder = Path(folder)
@@ -198,16 +202,11 @@ def load_quantized(folder: Path) -> nn.Module:
     packed = {k[: -len(PACKED_DATA)] for k in state if k.endswith(PACKED_DATA)}
     plain = {k: v for k, v in state.items() if not k.endswith((PACKED_DATA, PACKED_SCALES))}
     model.load_state_dict(plain, strict=False, assign=True)
-    QLinear, TinyGemm = _qclasses()
     modules = dict(model.named_modules())
     for key in packed:
         module = modules[key[: -len(".weight")]]
-        size = (module.out_features, module.in_features)
-        data = TinyGemmPackedTensor(state[key + PACKED_DATA], size, (module.in_features, 1))
         module.weight_group_size = int(info.get("group_size", GROUP_SIZE))
-        weight = TinyGemm(module.weight_qtype, 0, module.weight_group_size, size, (module.in_features, 1), data,
-                          state[key + PACKED_SCALES])
-        module.weight = nn.Parameter(weight, requires_grad=False)
+        module.weight = _packed_weight(module, state[key + PACKED_DATA], state[key + PACKED_SCALES])
     del state, plain
     _rebuild_nonpersistent_buffers(model)
     tensors = list(model.named_parameters()) + list(model.named_buffers())
@@ -220,6 +219,17 @@ def load_quantized(folder: Path) -> nn.Module:
         model.ponder_fpt = spec
     install_fast_kernels(model)
     return model
+
+
+def _packed_weight(module: nn.Module, packed: torch.Tensor, scale_shift: torch.Tensor) -> nn.Parameter:
+    """A frozen int4 QLinear's weight from codes in torch's packed CPU layout and their (k / group, n, 2) grid."""
+    from optimum.quanto.tensor.weights.tinygemm import TinyGemmPackedTensor
+
+    _, TinyGemm = _qclasses()
+    size, stride = (module.out_features, module.in_features), (module.in_features, 1)
+    weight = TinyGemm(module.weight_qtype, 0, module.weight_group_size, size, stride,
+                      TinyGemmPackedTensor(packed, size, stride), scale_shift)
+    return nn.Parameter(weight, requires_grad=False)
 
 
 def dense_weight(module: nn.Module) -> torch.Tensor:

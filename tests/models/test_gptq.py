@@ -35,7 +35,13 @@ def test_codes_written_into_a_packed_layer_are_what_it_computes():
     x = torch.randn(128, layer.in_features)
     codes, scale, zero = gptq_int4(w, x.t() @ x, 64)
     set_int4(layer, codes, scale, zero)
-    assert torch.equal(dense_weight(layer).float(), dequantize(codes, scale, zero, 64).to(torch.bfloat16).float())
+    expected = dequantize(codes, scale, zero, 64).to(torch.bfloat16).float()
+    assert torch.equal(dense_weight(layer).float(), expected)
+    name = "model.layers.0.mlp.down_proj"  # packed straight from the codes, never rounded to nearest first
+    built = quantize_model(make_model(448), 4, head_bits=4, group_size=64, int4_codes={name: (codes, scale, zero)})
+    assert torch.equal(dense_weight(built.get_submodule(name)).float(), expected)
+    other = built.model.layers[1].mlp.down_proj
+    assert type(other.weight) is type(layer.weight)  # the rest packed alike, as quanto rounds them
 
 
 def test_inverse_cholesky_is_the_upper_factor_of_the_inverse():
@@ -92,9 +98,9 @@ def test_layer_by_layer_calibration_sees_the_full_forward_inputs(monkeypatch):
     seen = {}
     real = gptq.gptq_int4
 
-    def spy(w, hessian, group):
+    def spy(w, hessian, group, **kwargs):
         seen[w.shape[0], hessian.shape[0], len(seen)] = hessian.clone()
-        return real(w, hessian, group)
+        return real(w, hessian, group, **kwargs)
 
     monkeypatch.setattr(gptq, "gptq_int4", spy)
     steps = []
@@ -125,7 +131,7 @@ def test_bf16_calibration_gives_the_float32_hessians_to_bf16_precision_and_round
     seen = {torch.float32: [], torch.bfloat16: []}
     real = gptq.gptq_int4
     for dtype, got in seen.items():
-        monkeypatch.setattr(gptq, "gptq_int4", lambda w, h, g, got=got: got.append(h.clone()) or real(w, h, g))
+        monkeypatch.setattr(gptq, "gptq_int4", lambda w, h, g, got=got, **kw: got.append(h.clone()) or real(w, h, g, **kw))
         gptq_layers(model, batches, names, 32, dtype=dtype)
     assert len(seen[torch.float32]) == len(seen[torch.bfloat16]) > 0
     for ref, got in zip(seen[torch.float32], seen[torch.bfloat16], strict=True):
@@ -228,3 +234,40 @@ def test_w4_fpt_merged_a_layer_at_a_time_rounds_as_the_whole_float32_model(monke
                                         report=lambda d, t, steps=steps: steps.append(d), layer_by_layer=layer_by_layer)
             assert quantized.ponder_codes == expected
             assert steps[-1] == model.config.num_hidden_layers + 1
+
+
+def reference_gptq(w, hessian, group):
+    """GPTQ as the paper's code runs it (arXiv 2210.17323, Algorithm 1, float64): H⁻¹'s upper Cholesky factor U,
+    each group's grid fitted when the loop reaches it, errors fed forward through U's rows."""
+    from models.gptq import _grid, _prepared_hessian
+
+    h, dead = _prepared_hessian(hessian)
+    u = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h.double())), upper=True)
+    v = w.double().clone()
+    v[:, dead] = 0
+    codes = torch.empty(w.shape, dtype=torch.uint8)
+    scales, zeros = [], []
+    for i1 in range(0, w.shape[1], group):
+        scale, zero = _grid(v[:, i1:i1 + group].float(), torch.diagonal(h)[i1:i1 + group])
+        scales.append(scale)
+        zeros.append(zero)
+        s, z = scale.double(), zero.double()
+        for i in range(i1, i1 + group):
+            q = ((v[:, i] - z) / s + 8).round().clamp(0, 15)
+            codes[:, i] = q.to(torch.uint8)
+            err = (v[:, i] - ((q - 8) * s + z)) / u[i, i]
+            v[:, i + 1:] -= err[:, None] * u[i, i + 1:][None, :]
+    return codes, torch.stack(scales, 1).to(torch.bfloat16), torch.stack(zeros, 1).to(torch.bfloat16)
+
+
+def test_errors_carried_through_the_cholesky_factor_give_the_reference_gptq_codes():
+    """gptq_int4 never forms H⁻¹'s factor (only its diagonal blocks): the same rounding, up to float sums."""
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(900, 512, generator=gen) * torch.linspace(0.1, 3, 512)
+    x[:, 100:200] += torch.randn(900, 1, generator=gen)  # correlated inputs: errors travel far
+    w = torch.randn(96, 512, generator=gen) * 0.05
+    ours, ref = gptq_int4(w, x.t() @ x, 128), reference_gptq(w, x.t() @ x, 128)
+    assert (ours[0] == ref[0]).float().mean() > 0.995
+    assert (ours[1] == ref[1]).float().mean() > 0.98
+    errs = [(x @ (dequantize(*out, 128) - w).t()).pow(2).sum() for out in (ours, ref)]
+    assert abs(errs[0] - errs[1]) < 0.002 * errs[1]
