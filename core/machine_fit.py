@@ -2,7 +2,7 @@
 
 "Runs well" is judged on two things measured here, before anything is downloaded:
 - memory: the 1.5B's one-time conversion holds its weights in float32 (about `conversion_peak_bytes`, 9.7 GB)
-  and its W4-FPT preparation peaks at 9.2 GB (it merges one layer at a time:
+  and its W4-FPT preparation peaks at 9.0 GiB (it merges one layer at a time:
   models.fpt_calibration.quantize_w4_fpt), so it is chosen only where 9.7 GB are available now;
 - decode speed: the 1.5B's int4 matrix-vector products, on weights of its exact shapes packed as the app packs
   them and run by the kernel the app runs (models.int4_kernel), timed for a few tokens. Those products are

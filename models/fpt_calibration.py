@@ -160,7 +160,7 @@ def quantize_w4_fpt(model: nn.Module, batches: list[torch.Tensor], head_bits: in
     `layer_by_layer`: merge each layer in float32 just before it is rounded, the rest staying bf16, instead of
     the whole model at once (a rotation needs the latter: it rewrites the embedding and head too). It is the
     faster path as well as the leaner one: converting the 1.5B to float32 whole took 12-20 s of fresh pages on a
-    2-core EPYC, and the 0.5B prepared in 63 s against 72 (one run each); the 1.5B peaks at 9.2 GB, not 10.8.
+    2-core EPYC, and the 0.5B prepared in 63 s against 72 (one run each); the 1.5B peaks at 9.0 GiB (9,457,220 KiB).
     The codes are the same."""
     from .gptq import codes_fingerprint, gptq_layers
     from .quantization import packs_int4, quantize_model

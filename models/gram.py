@@ -10,7 +10,7 @@ import functools
 
 import torch
 
-from .scratch import flat, scratch
+from .scratch import scratch
 
 try:
     from models import _gptq  # the digits in C (models/_gptq.c), built at install where a compiler is
@@ -74,12 +74,11 @@ def _add_upper_int8(acc: torch.Tensor, x: torch.Tensor) -> None:
     2·65536·127² < 2³¹), converting to float once per product pair."""
     q1, q2, scale = int8_digits(x)
     d = x.shape[1]
-    room = min(GRAM_BLOCK, d) * d  # the products go to reused buffers (fresh pages cost, see models/scratch.py)
-    for i in range(0, d, GRAM_BLOCK):
+    for i in range(0, d, GRAM_BLOCK):  # the products go to reused buffers (fresh pages cost: models/scratch.py)
         a1, a2 = q1[:, i:i + GRAM_BLOCK].t(), q2[:, i:i + GRAM_BLOCK].t()
         shape = (a1.shape[0], d - i)
-        p1, p2 = flat("gram_p1", shape, room, torch.int32), flat("gram_p2", shape, room, torch.int32)
-        block, outer = flat("gram_block", shape, room), flat("gram_outer", shape, room)
+        p1, p2 = scratch("gram_p1", shape, torch.int32), scratch("gram_p2", shape, torch.int32)
+        block, outer = scratch("gram_block", shape), scratch("gram_outer", shape)
         block.copy_(torch._int_mm(a1, q1[:, i:], out=p1))
         torch._int_mm(a1, q2[:, i:], out=p1)
         block.add_(p1.add_(torch._int_mm(a2, q1[:, i:], out=p2)), alpha=1 / 254)
