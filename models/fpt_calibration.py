@@ -156,13 +156,13 @@ def quantize_w4_fpt(model: nn.Module, batches: list[torch.Tensor], head_bits: in
     on the transformed weights, and pack (returns the quantized model, its spec attached). `spec`: the transforms
     fitted once for this model and shipped (none: calibrate them here first, a further pass over the texts).
     `gptq_tokens`: GPTQ's Hessians see each text's first this many tokens (None: all of each batch).
-    `report(done, total)` follows the steps (calibration if any, then one per decoder layer and the LM head).
+    `report(done, total)` follows the steps (calibration if any, then GPTQ's: `models.gptq.progress_steps`).
     `layer_by_layer`: merge each layer in float32 just before it is rounded, the rest staying bf16, instead of
     the whole model at once (a rotation needs the latter: it rewrites the embedding and head too). It is the
     faster path as well as the leaner one: converting the 1.5B to float32 whole took 12-20 s of fresh pages on a
     2-core EPYC, and the 0.5B prepared in 63 s against 72 (one run each); the 1.5B peaks at 9.0 GiB (9,457,220 KiB).
     The codes are the same."""
-    from .gptq import codes_fingerprint, gptq_layers
+    from .gptq import codes_fingerprint, gptq_layers, progress_steps
     from .quantization import packs_int4, quantize_model
 
     first, before, after = 0, None, None
@@ -186,7 +186,7 @@ def quantize_w4_fpt(model: nn.Module, batches: list[torch.Tensor], head_bits: in
     names = [name for name, m in model.named_modules() if isinstance(m, nn.Linear) and packs_int4(m, group)
              and (name != "lm_head" or head_bits == 4)]
     if report and first:
-        report(1, len(model.model.layers) + 3)
+        report(1, progress_steps(model, names) + 2)
     gptq_batches = [b[:gptq_tokens] for b in batches] if gptq_tokens else batches
     codes = gptq_layers(model, gptq_batches, names, group,
                         report and (lambda d, t: report(first + d, first + t + 1)), before=before, after=after)

@@ -107,7 +107,8 @@ def test_layer_by_layer_calibration_sees_the_full_forward_inputs(monkeypatch):
     out = gptq_layers(model, batches, names, 32, lambda d, t: steps.append((d, t)), dtype=torch.float32)
     assert set(out) == set(names)
     layers = model.config.num_hidden_layers
-    assert steps == [(i + 1, layers + 1) for i in range(layers + 1)]
+    total = 5 * layers + 1  # per layer its forward and four input sites (q/k/v, o, gate/up, down), then the head
+    assert steps == [(i + 1, total) for i in range(total)]
     ref = reference_hessians(model, batches, names)
     sites = [n for n in names if not n.endswith(("k_proj", "v_proj", "up_proj"))]
     assert len(seen) == len(sites)
@@ -233,7 +234,7 @@ def test_w4_fpt_merged_a_layer_at_a_time_rounds_as_the_whole_float32_model(monke
             quantized = quantize_w4_fpt(copy.deepcopy(model), batches, head_bits=4, group=32, spec=spec,
                                         report=lambda d, t, steps=steps: steps.append(d), layer_by_layer=layer_by_layer)
             assert quantized.ponder_codes == expected
-            assert steps[-1] == model.config.num_hidden_layers + 1
+            assert steps[-1] == 5 * model.config.num_hidden_layers + 1
 
 
 def reference_gptq(w, hessian, group):
