@@ -71,12 +71,6 @@ def upper_factor(h: torch.Tensor) -> torch.Tensor:
     return flipped
 
 
-def inverse_cholesky(h: torch.Tensor) -> torch.Tensor:
-    """U upper-triangular with Uᵀ·U = H⁻¹ (the reference GPTQ's factor), as T⁻¹ (kept for checks)."""
-    t = upper_factor(h.clone())
-    return torch.linalg.solve_triangular(t, torch.eye(t.shape[0], dtype=t.dtype), upper=True)
-
-
 def _prepared_hessian(hessian: torch.Tensor, overwrite: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Dampened H in float32 (dead inputs given a unit diagonal) and the mask of dead inputs; `overwrite`: in the
     given float32 tensor itself (no 320 MB copy for n = 8960; a fresh identity to add cost 0.6 s in page faults)."""
@@ -167,13 +161,6 @@ def codes_fingerprint(codes: dict[str, tuple[torch.Tensor, torch.Tensor, torch.T
         for t in (scale, zero):
             digest.update(t.contiguous().view(torch.int16).numpy().tobytes())
     return digest.hexdigest()
-
-
-def set_int4(module: nn.Module, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> None:
-    """Replace the packed int4 weight of a quantized linear (torch's CPU layout) by these codes and grid."""
-    w = module.weight
-    w._data._data = int4_grid.pack(codes)
-    w._scale_shift = torch.stack((scale.t(), zero.t()), -1).contiguous()  # (k / group, n, 2), in the grid's dtype
 
 
 def dequantize(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group: int) -> torch.Tensor:

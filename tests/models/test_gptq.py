@@ -2,7 +2,7 @@
 packed int4 layer are what its kernel computes with."""
 import torch
 
-from models.gptq import dequantize, gptq_int4, gptq_layers, inverse_cholesky, set_int4
+from models.gptq import dequantize, gptq_int4, gptq_layers, upper_factor
 from models.gram import add_gram
 from models.quantization import dense_weight, quantize_model
 from tests.tiny import make_model
@@ -28,28 +28,29 @@ def test_gptq_output_error_is_below_round_to_nearest():
     assert err_gptq < 0.8 * err_rtn
 
 
-def test_codes_written_into_a_packed_layer_are_what_it_computes():
-    model = quantize_model(make_model(448), 4, head_bits=4, group_size=64)
-    layer = model.model.layers[0].mlp.down_proj  # 256 inputs: packed int4
+def test_codes_packed_into_a_layer_are_what_it_computes():
+    name = "model.layers.0.mlp.down_proj"  # 256 inputs: packed int4
+    layer = make_model(448).get_submodule(name)
     w = torch.randn(layer.out_features, layer.in_features)
     x = torch.randn(128, layer.in_features)
     codes, scale, zero = gptq_int4(w, x.t() @ x, 64)
-    set_int4(layer, codes, scale, zero)
     expected = dequantize(codes, scale, zero, 64).to(torch.bfloat16).float()
-    assert torch.equal(dense_weight(layer).float(), expected)
-    name = "model.layers.0.mlp.down_proj"  # packed straight from the codes, never rounded to nearest first
     built = quantize_model(make_model(448), 4, head_bits=4, group_size=64, int4_codes={name: (codes, scale, zero)})
     assert torch.equal(dense_weight(built.get_submodule(name)).float(), expected)
-    other = built.model.layers[1].mlp.down_proj
-    assert type(other.weight) is type(layer.weight)  # the rest packed alike, as quanto rounds them
+    plain = quantize_model(make_model(448), 4, head_bits=4, group_size=64)  # the rest as quanto rounds them
+    other = "model.layers.1.mlp.down_proj"
+    assert type(built.get_submodule(other).weight) is type(plain.get_submodule(other).weight)
+    assert torch.equal(dense_weight(built.get_submodule(other)), dense_weight(plain.get_submodule(other)))
 
 
-def test_inverse_cholesky_is_the_upper_factor_of_the_inverse():
+def test_upper_factor_is_the_reversed_cholesky_factor():
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(300, 96, generator=gen, dtype=torch.float64)
     h = x.t() @ x + torch.eye(96, dtype=torch.float64)
-    u = inverse_cholesky(h)
-    assert torch.equal(u, u.triu())
+    t = upper_factor(h.clone())
+    assert torch.equal(t, t.triu())
+    assert torch.allclose(t @ t.t(), h, atol=1e-9 * h.abs().max().item())
+    u = torch.linalg.solve_triangular(t, torch.eye(96, dtype=torch.float64), upper=True)  # GPTQ's H⁻¹ factor
     assert torch.allclose(u, torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True),
                           atol=1e-10)
 
