@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from core.config import SamplingConfig
-from core.decode.sampling import sample_next
+from core.decode.sampling import pick_logprobs, sample_next
 from core.decode.text_stream import TextStream
 from core.events import PhaseEvent, TokenEvent
 from core.prompting.markers import ReasoningMarkers
@@ -73,6 +73,15 @@ class Row:
 
     reasoning: bool = False
     """The row began with a thinking trace."""
+    logprobs: list[float] | None = None
+    """With `new_row(logprobs=True)`: the log-probability each kept token had where it was sampled (after the
+    repetition penalty and temperature, before top-k/top-p), one per entry of `thinking_ids + answer_ids`."""
+
+    def keep(self, ids: list[int], t: int, logprob: float | None) -> None:
+        """Append a sampled token to `ids` (the row's thinking or answer ids) and its log-prob when recorded."""
+        ids.append(t)
+        if self.logprobs is not None:
+            self.logprobs.append(logprob)
 
     def answer_text(self, markers: ReasoningMarkers) -> str:
         if not self.reasoning:
@@ -82,13 +91,14 @@ class Row:
 
 def new_row(index: int, tokenizer, markers: ReasoningMarkers, cfg: SamplingConfig, *, reasoning: bool,
             think_limit: int, answer_limit: int, verify: bool = False, seen: list[int] | None = None,
-            pending: list[int] | None = None) -> Row:
-    """A row that starts thinking (reasoning) or answering (base), sampling from the prefill's logits."""
+            pending: list[int] | None = None, logprobs: bool = False) -> Row:
+    """A row that starts thinking (reasoning) or answering (base), sampling from the prefill's logits;
+    `logprobs` records each sampled token's log-probability (RL's importance weights, confidence features)."""
     pending = list(pending or [])
     return Row(index, "thinking" if reasoning else "answer", TextStream(tokenizer, (markers.close_marker,)),
                TextStream(tokenizer, cfg.stop), think_limit=think_limit, answer_limit=answer_limit, verify=verify,
                pending=pending, think_offset=len(pending), reasoning=reasoning,
-               seen=list(seen or []) if cfg.repetition_penalty != 1.0 else None)
+               seen=list(seen or []) if cfg.repetition_penalty != 1.0 else None, logprobs=[] if logprobs else None)
 
 
 def stop_token_index(tokenizer, ids: list[int], char: int) -> int:
@@ -105,24 +115,24 @@ class _Step:
     def __init__(self, tokenizer, markers: ReasoningMarkers, eos_ids: set[int], cfg: SamplingConfig):
         self.tokenizer, self.markers, self.eos_ids, self.cfg = tokenizer, markers, eos_ids, cfg
 
-    def take(self, row: Row, t: int) -> Iterator[TokenEvent]:
+    def take(self, row: Row, t: int, logprob: float | None = None) -> Iterator[TokenEvent]:
         if row.first_token_at is None:
             row.first_token_at = time.perf_counter()
         if row.seen is not None:
             row.seen.append(t)
         is_eos = t in self.eos_ids and not self.cfg.ignore_eos
         if row.phase == "thinking":
-            yield from self._thinking(row, t, is_eos)
+            yield from self._thinking(row, t, is_eos, logprob)
         else:
-            yield from self._answer(row, t, is_eos)
+            yield from self._answer(row, t, is_eos, logprob)
 
     def _event(self, row: Row, text: str, kind: str) -> TokenEvent:
         n = row.thinking_before + len(row.thinking_ids) + len(row.answer_ids)
         return TokenEvent(text, kind, max(0, n - 1), row.index)
 
-    def _thinking(self, row: Row, t: int, is_eos: bool) -> Iterator[TokenEvent]:
+    def _thinking(self, row: Row, t: int, is_eos: bool, logprob: float | None) -> Iterator[TokenEvent]:
         if not is_eos:
-            row.thinking_ids.append(t)
+            row.keep(row.thinking_ids, t, logprob)
             piece = row.think.push(t)
             if piece:
                 yield self._event(row, piece, "thinking")
@@ -146,8 +156,8 @@ class _Step:
             return
         row.pending = [t]
 
-    def _answer(self, row: Row, t: int, is_eos: bool) -> Iterator[TokenEvent]:
-        row.answer_ids.append(t)
+    def _answer(self, row: Row, t: int, is_eos: bool, logprob: float | None) -> Iterator[TokenEvent]:
+        row.keep(row.answer_ids, t, logprob)
         if is_eos:
             finish, feed = "stop", []
         else:
@@ -212,9 +222,13 @@ def decode_rows(model, cache, logits: torch.Tensor | None, rows: list[Row], *, t
         need = [pos for pos, row in enumerate(active) if not row.pending and row.phase != "done"]
         if need:
             scores = logits if len(need) == len(active) else logits[need]  # no (B, V) copy in the common case
-            picks = sample_next(scores, cfg, generator, _penalty_context([active[p] for p in need]))
-            for pos, t in zip(need, picks.tolist(), strict=True):
-                yield from step.take(active[pos], t)
+            seen = _penalty_context([active[p] for p in need])
+            picks = sample_next(scores, cfg, generator, seen)
+            lps = [None] * len(need)
+            if any(active[p].logprobs is not None for p in need):
+                lps = pick_logprobs(scores, picks, cfg, seen).tolist()
+            for pos, t, lp in zip(need, picks.tolist(), lps, strict=True):
+                yield from step.take(active[pos], t, lp)
             yield from _moved(active, told)
         keep = [pos for pos, row in enumerate(active) if row.phase != "done"]
         if not keep:

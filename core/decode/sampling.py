@@ -74,6 +74,19 @@ def sample_next(logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Gene
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
+def pick_logprobs(logits: torch.Tensor, picks: torch.Tensor, cfg: SamplingConfig,
+                  seen: torch.Tensor | None = None) -> torch.Tensor:
+    """(B,) log-probabilities of `picks` under the distribution `sample_next` draws from before its top-k/top-p
+    filter: the penalised logits over the temperature (the raw penalised logits when greedy). With top_k = 0 and
+    top_p = 1, as RL samples, that is exactly the sampling distribution."""
+    logits = logits.float()
+    if seen is not None:
+        logits = apply_repetition_penalty(logits, seen, cfg.repetition_penalty)
+    if not cfg.greedy:
+        logits = logits / cfg.temperature
+    return logits.gather(1, picks.view(-1, 1)).squeeze(1) - torch.logsumexp(logits, dim=-1)
+
+
 def make_generator(seed: int | None) -> torch.Generator:
     gen = torch.Generator()
     gen.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, (1,)).item()))

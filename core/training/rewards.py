@@ -15,6 +15,7 @@ by hand.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Sequence
 
 import torch
@@ -64,22 +65,36 @@ def k3_kl(logp_new: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
 
 def grpo_loss(logp_new: torch.Tensor, logp_old: torch.Tensor, logp_ref: torch.Tensor, advantages: torch.Tensor,
               mask: torch.Tensor, clip: float = 0.2, kl_coef: float = 0.02,
-              tokens: float | None = None) -> torch.Tensor:
+              tokens: float | None = None, weights: torch.Tensor | None = None) -> torch.Tensor:
     """Clipped GRPO objective (to minimise) over response tokens.
 
     logp_*: (G, T) log-probs of the sampled tokens under the policy being trained, the rollout policy and the
     reference; advantages: (G,) one per sample, shared by its tokens; mask: (G, T), 1 on sampled response
     tokens. Per token: −min(ρ·A, clip(ρ, 1−ε, 1+ε)·A) + β·k3, ρ = exp(new − old). The sum over masked tokens
     is divided by `tokens` (default: the mask's count), so a group can be processed one row at a time with the
-    group's token count and the summed gradient is the same.
+    group's token count and the summed gradient is the same. `weights` (G, T), no gradient: each token's
+    surrogate is multiplied by it (truncated importance sampling, `tis_weights`).
     """
     mask = mask.to(logp_new.dtype)
     ratio = torch.exp(logp_new - logp_old)
     adv = advantages.to(logp_new.dtype).view(-1, *([1] * (logp_new.dim() - 1)))
     surrogate = torch.minimum(ratio * adv, torch.clamp(ratio, 1 - clip, 1 + clip) * adv)
+    if weights is not None:
+        surrogate = surrogate * weights.to(surrogate.dtype)
     per_token = -surrogate + kl_coef * k3_kl(logp_new, logp_ref)
     count = float(tokens) if tokens is not None else float(mask.sum().item())
     return (per_token * mask).sum() / max(count, 1.0)
+
+
+def tis_weights(logp_old: torch.Tensor, logp_rollout: torch.Tensor, cap: float) -> torch.Tensor:
+    """Truncated importance sampling (Yao et al., 2025): min(π_old / π_rollout, cap) per token, where π_old is
+    the trained weights' probability of the sampled token before the update and π_rollout the probability it had
+    in the engine that sampled it (int4 weights, int8 cache). NaN rollout log-probs (fed tokens) get weight 1;
+    cap ≤ 0 turns the correction off (all ones)."""
+    if cap <= 0:
+        return torch.ones_like(logp_old)
+    rollout = torch.where(torch.isnan(logp_rollout), logp_old, logp_rollout)
+    return torch.exp(logp_old - rollout).clamp(max=cap)
 
 
 def prefix_cache(model, prefix: list[int]):
@@ -113,9 +128,11 @@ def swapped(params: list[torch.nn.Parameter], values: list[torch.Tensor]):
 
 
 def policy_update(model, optim, prefix: list[int], samples: list, advantages: list[float], ref: list[torch.Tensor],
-                  *, clip: float, kl: float, temperature: float, updates: int = 1) -> dict:
-    """`updates` clipped-GRPO optimizer steps on one group of samples (`.ids`, `.sampled`), one row's
-    forward/backward at a time; `ref` holds the reference values of the trainable tensors."""
+                  *, clip: float, kl: float, temperature: float, updates: int = 1, tis_cap: float = 2.0) -> dict:
+    """`updates` clipped-GRPO optimizer steps on one group of samples (`.ids`, `.sampled`, and `.logprobs`, the
+    rollout engine's, or None), one row's forward/backward at a time; `ref` holds the reference values of the
+    trainable tensors. With rollout log-probs each token is weighted by `tis_weights(old, rollout, tis_cap)`;
+    the stats report the mismatch (mean |old − rollout| over sampled tokens) and the share of capped weights."""
     params = [p for p in model.parameters() if p.requires_grad]
     cache = prefix_cache(model, prefix)
     rows = [(s, a) for s, a in zip(samples, advantages, strict=True) if len(s.ids) >= 2]
@@ -126,16 +143,25 @@ def policy_update(model, optim, prefix: list[int], samples: list, advantages: li
         with torch.no_grad(), swapped(params, ref):
             refs = [token_logprobs(model, cache, s.ids, temperature) for s, _ in rows]
     old: list[torch.Tensor | None] = [None] * len(rows)
+    weights: list[torch.Tensor | None] = [None] * len(rows)
     stats = {"loss": 0.0, "kl": 0.0}
+    gap = capped = 0.0
     for k in range(updates):
         total = kl_sum = 0.0
         for i, (s, a) in enumerate(rows):
             new = token_logprobs(model, cache, s.ids, temperature)
             if old[i] is None:
                 old[i] = new.detach()  # the rollout weights: this is the first pass before any update
+                if getattr(s, "logprobs", None) is not None:
+                    rollout = torch.tensor(s.logprobs[1:], dtype=torch.float32)
+                    weights[i] = tis_weights(old[i], rollout, tis_cap)
+                    seen = masks[i].bool() & ~torch.isnan(rollout)
+                    gap += float((old[i] - rollout)[seen].abs().sum())
+                    capped += float(((old[i] - rollout)[seen] > math.log(tis_cap)).sum()) if tis_cap > 0 else 0.0
             ref_i = refs[i] if refs[i] is not None else new.detach()
+            w = weights[i][None] if weights[i] is not None else None
             loss = grpo_loss(new[None], old[i][None], ref_i[None], torch.tensor([a]), masks[i][None], clip, kl,
-                             tokens=tokens)
+                             tokens=tokens, weights=w)
             loss.backward()
             total += loss.item()
             kl_sum += float((k3_kl(new.detach(), ref_i) * masks[i]).sum())
@@ -143,5 +169,6 @@ def policy_update(model, optim, prefix: list[int], samples: list, advantages: li
         optim.step()
         optim.zero_grad(set_to_none=True)
         if k == 0:
-            stats = {"loss": total, "kl": kl_sum / tokens}
+            stats = {"loss": total, "kl": kl_sum / tokens, "mismatch": round(gap / tokens, 5),
+                     "tis_capped": round(capped / tokens, 5)}
     return stats

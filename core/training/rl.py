@@ -13,7 +13,10 @@ On a quantized base (w4/w8/w4-fpt) the rollouts are decoded by a second engine: 
 serves it (packed kernels, the int8 KV cache, the fused decode step with the adapter on where it applies), its
 adapter overwritten with the trained one's tensors before every step. The update runs on the base's exact
 dequantized copy with dense kernels for backward (QAMR). The two compute the same function up to kernel rounding
-(and the cache's int8 rounding), the way RL frameworks decode with an inference engine and train with another.
+(and the cache's int8 rounding), the way RL frameworks decode with an inference engine and train with another;
+what is left of the difference is corrected by truncated importance sampling (Yao et al., 2025): the rollout
+engine records each sampled token's log-prob, and each token's surrogate is weighed by min(π_train/π_rollout, C),
+C = `tis_cap` (`core.training.rewards.tis_weights`); the log reports the mean |log π_train − log π_rollout|.
 Decoding on the dense fp32 training copy cost ~3× as long a step (4 rows, one thread each: 635 against 205 ms
 with another job on the second core).
 
@@ -83,7 +86,7 @@ class RlArgs:
     budgets: tuple[int, ...] = (128, 256, 512)
     margin: float = 0.25
     """Soft-barrier half window m: reward falls from 1 at (1−m)·B to 0 at (1+m)·B."""
-    group: int = 4
+    group: int = 8
     """Rollouts per question (G), from one shared prefill."""
     steps: int = 50
     lr: float = 2e-5
@@ -93,6 +96,9 @@ class RlArgs:
     clip: float = 0.2
     updates: int = 1
     """Optimizer steps on each rollout group (μ); the ratio clip matters only above 1."""
+    tis_cap: float = 2.0
+    """Truncated importance sampling: each token's surrogate weighed by min(π_train / π_rollout, cap), the
+    rollout engine's int4/int8 probabilities against the trained copy's; 0 turns it off."""
     temperature: float = 1.0
     answer_tokens: int = 64
     """Cap on answer tokens after the trace."""
@@ -140,6 +146,9 @@ class Sample:
     answer_tokens: int
     budget_hit: bool
     text: str
+    logprobs: list[float] | None = None
+    """Each id's log-prob under the rollout engine where it was sampled (NaN for fed ids): truncated
+    importance sampling weighs the update by how far the trained weights' log-probs are from these."""
     correct: bool = False
     length: int = 0
     reward: float = 0.0
@@ -166,7 +175,7 @@ def rollout(engine: Engine, question: str, budget: int, args: RlArgs, seed: int)
     cfg = SamplingConfig(temperature=args.temperature, top_p=1.0, top_k=0, repetition_penalty=1.0,
                          max_tokens=args.answer_tokens, seed=seed)
     rows = [new_row(i, engine.tokenizer, engine.markers, cfg, reasoning=True, think_limit=budget,
-                    answer_limit=args.answer_tokens) for i in range(args.group)]
+                    answer_limit=args.answer_tokens, logprobs=True) for i in range(args.group)]
     for _event in decode_rows(engine.model, cache, logits.expand(args.group, -1), rows, tokenizer=engine.tokenizer,
                               markers=engine.markers, eos_ids=engine.eos_ids, cfg=cfg, generator=make_generator(seed),
                               fused=engine.fused_step(engine.slots.reasoning)):
@@ -174,10 +183,11 @@ def rollout(engine: Engine, question: str, budget: int, args: RlArgs, seed: int)
     samples = []
     for row in rows:
         close = list(engine.markers.forced_close) if row.forced else []
+        think = len(row.thinking_ids)
         samples.append(Sample(row.thinking_ids + close + row.answer_ids,
-                              [True] * len(row.thinking_ids) + [False] * len(close) + [True] * len(row.answer_ids),
-                              len(row.thinking_ids), len(row.answer_ids), row.budget_hit,
-                              row.answer_text(engine.markers)))
+                              [True] * think + [False] * len(close) + [True] * len(row.answer_ids),
+                              think, len(row.answer_ids), row.budget_hit, row.answer_text(engine.markers),
+                              logprobs=row.logprobs[:think] + [float("nan")] * len(close) + row.logprobs[think:]))
     return ids + list(engine.markers.think_open), samples
 
 
@@ -265,7 +275,8 @@ def step_entry(step: int, budget: int, samples: list[Sample], stats: dict, lr: f
     return {"step": step, "budget": budget, "reward": round(sum(s.reward for s in samples) / n, 4),
             "length": sum(s.length for s in samples) / n, "thinking": sum(s.thinking_tokens for s in samples) / n,
             "accuracy": sum(s.correct for s in samples) / n, "cut_share": sum(s.budget_hit for s in samples) / n,
-            "kl": stats["kl"], "loss": round(stats["loss"], 6), "lr": lr, "skipped": skipped,
+            "kl": stats["kl"], "loss": round(stats["loss"], 6), "mismatch": stats.get("mismatch"),
+            "tis_capped": stats.get("tis_capped"), "lr": lr, "skipped": skipped,
             "seconds": round(time.perf_counter() - times[0], 2), "rollout_s": round(times[1] - times[0], 2),
             "cpu_s": round(time.process_time() - times[2], 2)}
 
@@ -317,7 +328,7 @@ def run(args: RlArgs, rd: RunDir, *, store: ModelStore | None = None, resume: bo
         skipped = not any(adv)  # equal rewards: no signal, no update
         stats = {"loss": 0.0, "kl": None} if skipped else policy_update(
             model, optim, prefix, samples, adv, ref, clip=args.clip, kl=args.kl, temperature=args.temperature,
-            updates=args.updates)
+            updates=args.updates, tis_cap=args.tis_cap)
         entry = step_entry(step, budget, samples, stats, lr, skipped, (t0, t1, cpu0))
         log.append(entry)
         spent += entry["seconds"]
@@ -350,7 +361,8 @@ def run(args: RlArgs, rd: RunDir, *, store: ModelStore | None = None, resume: bo
 
 
 # --- command line ---------------------------------------------------------------------------------------------
-FLAGS = ("margin", "group", "steps", "lr", "warmup_ratio", "kl", "clip", "updates", "temperature", "answer_tokens",
+FLAGS = ("margin", "group", "steps", "lr", "warmup_ratio", "kl", "clip", "updates", "tis_cap", "temperature",
+         "answer_tokens",
          "model_id", "precision", "checkpoint_every", "seed")
 
 

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from core.config import SamplingConfig
-from core.decode.sampling import apply_repetition_penalty, filter_top_k_top_p, make_generator, sample_next
+from core.decode.sampling import apply_repetition_penalty, filter_top_k_top_p, make_generator, pick_logprobs, sample_next
 
 
 def test_greedy_is_argmax():
@@ -71,3 +71,21 @@ def test_wide_nucleus_falls_back_to_the_full_sort():
     assert shortlist(flat, 0, 0.9) is None
     token = sample_next(flat, SamplingConfig(temperature=1.0, top_k=0, top_p=0.9), make_generator(0))
     assert token.shape == (2,)
+
+
+def test_pick_logprobs_are_the_sampled_distributions_log_probs():
+    """At temperature T (no top-k/top-p) the draws follow exp(pick_logprobs): the empirical frequency of each
+    token matches, and the penalty and temperature enter as in sample_next."""
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
+    cfg = SamplingConfig(temperature=0.7, top_p=1.0, top_k=0, repetition_penalty=1.3)
+    seen = torch.tensor([[0]])
+    tokens = torch.arange(4)
+    lp = pick_logprobs(logits.expand(4, -1), tokens, cfg, seen.expand(4, -1))
+    want = torch.log_softmax(torch.tensor([2.0 / 1.3, 1.0, 0.0, -1.0]) / 0.7, dim=-1)
+    assert torch.allclose(lp, want, atol=1e-6)
+    draws = sample_next(logits.expand(20000, -1), cfg, make_generator(0), seen.expand(20000, -1))
+    freq = torch.bincount(draws, minlength=4).float() / 20000
+    assert torch.allclose(freq, want.exp(), atol=0.015)
+    greedy = SamplingConfig(temperature=0.0)
+    assert pick_logprobs(logits, torch.tensor([0]), greedy).item() == pytest.approx(
+        torch.log_softmax(logits, -1)[0, 0].item())
