@@ -38,6 +38,7 @@ from core.kept_traces import KeptTrace, TraceKeeping
 from core.prompting.chat_format import DEFAULT_SYSTEM, PromptTooLong, RawPrompt, build_prompt_ids, stop_token_ids
 from core.prompting.markers import ReasoningMarkers
 from core.prompting.prompts import reasoning_system
+from core.reasoning.confidence import token_confidence
 from core.reasoning.voting import extract_answer, vote
 from core.sparse.ff import SparsePlan, missing_parts, plan_for, prefill_selection
 
@@ -269,7 +270,7 @@ class Engine(TraceKeeping, AdapterChoice):
         think_limit, answer_limit = self._limits(start_len + len(self.markers.verify), decision.reason, budget,
                                                  answer_max_tokens, cfg)
         rows = [new_row(i, self.tokenizer, self.markers, cfg, reasoning=decision.reason, think_limit=think_limit,
-                        answer_limit=answer_limit, verify=verify, seen=ids) for i in range(n)]
+                        answer_limit=answer_limit, verify=verify, seen=ids, logprobs=True) for i in range(n)]
         yield from self._decode(cache, logits.expand(n, -1), rows, cfg, decision.reason, cancel, skill)
         yield DoneEvent(self._combine(rows, ids, decision, budget if decision.reason else None, start, kv_bytes,
                                       skill))
@@ -278,9 +279,10 @@ class Engine(TraceKeeping, AdapterChoice):
         candidates = []
         for row in rows:
             text = row.answer_text(self.markers)
+            confidence = token_confidence(row.logprobs or ())
             candidates.append(Candidate(row.index, text, row.think.text, extract_answer(text), row.score,
                                         len(row.thinking_ids), len(row.answer_ids), row.budget_hit,
-                                        row.finish or "cancelled"))
+                                        row.finish or "cancelled", *(confidence or (None, None))))
         scored = all(c.score is not None for c in candidates)
         method = "weighted" if scored else "majority"
         result = vote([c.final_answer for c in candidates], [c.score if scored else 1.0 for c in candidates], method)

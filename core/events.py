@@ -72,13 +72,18 @@ class Candidate:
     answer_tokens: int
     budget_forced: bool
     finish_reason: str
+    logprob_mean: float | None = None
+    """Mean log-prob of its sampled tokens (core.reasoning.confidence), None when not recorded."""
+    logprob_lowest: float | None = None
+    """Lowest mean log-prob over a window of its tokens (DeepConf's lowest group confidence)."""
 
     def to_dict(self) -> dict:
         """The JSON form `ponder ask --json`, the local server and stored chats share (`answer` = final_answer)."""
         return {"index": self.index, "answer": self.final_answer, "score": self.score, "text": self.text,
                 "thinking": self.thinking, "thinking_tokens": self.thinking_tokens,
                 "answer_tokens": self.answer_tokens, "budget_forced": self.budget_forced,
-                "finish_reason": self.finish_reason}
+                "finish_reason": self.finish_reason, "logprob_mean": self.logprob_mean,
+                "logprob_lowest": self.logprob_lowest}
 
 
 @dataclass(frozen=True)

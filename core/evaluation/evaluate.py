@@ -81,7 +81,8 @@ def evaluate(engine, items, args) -> dict:
                "reasoned": bool(answer.route and answer.route.reason)}
         if answer.candidates:
             row.update(score_candidates([{"answer": c.final_answer, "score": c.score, "text": c.text,
-                                          "thinking": c.thinking, "thinking_tokens": c.thinking_tokens}
+                                          "thinking": c.thinking, "thinking_tokens": c.thinking_tokens,
+                                          "logprob_mean": c.logprob_mean, "logprob_lowest": c.logprob_lowest}
                                          for c in answer.candidates], item.gold))
         rows.append(row)
         if getattr(args, "out", None):  # a long run stopped early keeps what it measured

@@ -31,6 +31,8 @@ def test_four_streams_one_prefill_with_scores_and_vote():
     assert {e.stream for e in events if isinstance(e, TokenEvent)} <= {0, 1, 2, 3}
     for c in answer.candidates:
         assert c.thinking_tokens <= 6 and c.answer_tokens <= 5 and 0.0 < c.score < 1.0
+        # its own sampled tokens' log-probs summarised (core.reasoning.confidence)
+        assert c.logprob_mean < 0 and c.logprob_lowest < 0 and c.to_dict()["logprob_lowest"] == c.logprob_lowest
     assert answer.vote_method == "weighted" and answer.chosen in range(4)
     assert answer.text == answer.candidates[answer.chosen].text
     texts = {c.thinking for c in answer.candidates}

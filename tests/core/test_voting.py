@@ -230,3 +230,45 @@ def test_no_timeout_notice_reaches_the_user(caplog):
         worker.start()
         worker.join()
     assert not [r for r in caplog.records if "Timeout is disabled" in r.getMessage()]
+
+
+def test_token_confidence_is_the_mean_and_the_lowest_window():
+    from core.reasoning.confidence import token_confidence
+
+    assert token_confidence([]) is None and token_confidence([float("nan"), None]) is None
+    assert token_confidence([-1.0, -3.0]) == (-2.0, -2.0)  # shorter than a window: its mean
+    lp = [-0.1] * 10 + [-2.0, -2.0, -2.0, -2.0] + [-0.1] * 10 + [float("nan")]  # a fed token left out
+    mean, lowest = token_confidence(lp, window=4)
+    assert mean == pytest.approx((20 * -0.1 + 4 * -2.0) / 24) and lowest == pytest.approx(-2.0)
+    assert token_confidence(lp, window=8)[1] == pytest.approx((4 * -2.0 + 4 * -0.1) / 8)
+
+
+def test_confidence_votes_from_saved_log_prob_statistics(tmp_path):
+    import json
+    import math
+
+    from bench.votes import accuracy_at, main
+
+    def cand(answer, correct, mean, lowest):
+        return {"answer": answer, "score": None, "correct": correct, "logprob_mean": mean, "logprob_lowest": lowest}
+
+    # "5" has the votes (3 against 2); "4" is right and its traces are far more confident
+    q = {"candidates": [cand("5", False, -1.0, -3.0), cand("4", True, -0.1, -0.5), cand("5", False, -1.2, -2.5),
+                        cand("4", True, -0.2, -0.4), cand("5", False, -0.15, -2.0)]}
+    at5 = accuracy_at([q], 5)
+    # majority: 5. confidence: e^-0.1 + e^-0.2 = 1.72 for "4" against e^-1 + e^-1.2 + e^-0.15 = 1.53 for "5".
+    # lowest: e^-0.5 + e^-0.4 = 1.28 against e^-3 + e^-2.5 + e^-2 = 0.27. DeepConf keeps the top 3 by lowest
+    # window (-0.4, -0.5, -2.0): "4" 1.28 against 0.14.
+    assert math.exp(-0.1) + math.exp(-0.2) > math.exp(-1) + math.exp(-1.2) + math.exp(-0.15)
+    assert at5 == {"majority@5": 0.0, "weighted@5": 0.0, "best@5": 0.0, "confidence@5": 1.0, "lowest@5": 1.0,
+                   "deepconf@5": 1.0, "pass@5": 1.0}
+    # a file without the statistics gets the three old methods only
+    assert set(accuracy_at([{"candidates": [{"answer": "1", "score": 0.5, "correct": True}]}], 1)) == {
+        "majority@1", "weighted@1", "best@1", "pass@1"}
+    saved = tmp_path / "eval_conf.json"
+    saved.write_text(json.dumps({"questions": [q]}))
+    assert main([str(saved)]) == 0
+    written = json.loads((tmp_path / "votes_conf.json").read_text())
+    # right candidates' means -0.1, -0.2 beat wrong -1.0, -1.2 but not -0.15 (-0.2 < -0.15): 5 of 6 pairs
+    assert written["confidence_auc_within_question"] == {"logprob_mean": pytest.approx(5 / 6), "logprob_lowest": 1.0}
+    assert "DeepConf (top half)" in (tmp_path / "votes_conf.md").read_text()
