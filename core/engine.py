@@ -19,6 +19,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 
 import torch
 
@@ -39,6 +40,7 @@ from core.prompting.chat_format import DEFAULT_SYSTEM, PromptTooLong, RawPrompt,
 from core.prompting.markers import ReasoningMarkers
 from core.prompting.prompts import reasoning_system
 from core.reasoning.confidence import token_confidence
+from core.reasoning.verifier import combined_features, vote_shares
 from core.reasoning.voting import extract_answer, vote
 from core.sparse.ff import SparsePlan, missing_parts, plan_for, prefill_selection
 
@@ -284,6 +286,12 @@ class Engine(TraceKeeping, AdapterChoice):
                                         len(row.thinking_ids), len(row.answer_ids), row.budget_hit,
                                         row.finish or "cancelled", *(confidence or (None, None))))
         scored = all(c.score is not None for c in candidates)
+        if scored and self.verifier is not None and self.verifier.combiner and all(
+                c.logprob_mean is not None for c in candidates):  # the score, its confidence and its vote share
+            shares = vote_shares([c.final_answer for c in candidates])
+            combined = self.verifier.combine([combined_features(c.score, c.logprob_mean, c.logprob_lowest, share)
+                                              for c, share in zip(candidates, shares, strict=True)])
+            candidates = [replace(c, score=p) for c, p in zip(candidates, combined, strict=True)]
         method = "weighted" if scored else "majority"
         result = vote([c.final_answer for c in candidates], [c.score if scored else 1.0 for c in candidates], method)
         chosen = result.winner_index if result.winner_index is not None else 0

@@ -1,12 +1,34 @@
 """The verifier: P(this response is correct) from the generator's own hidden state at the end of a short
-verification prompt appended to each stream (reusing that stream's cache). Never runs its own forward pass."""
+verification prompt appended to each stream (reusing that stream's cache). Never runs its own forward pass.
+
+A verifier saved with a `combiner` (`core.training.combiner`) also weighs what the N candidates say of themselves:
+its own score's logit, the candidate's mean and lowest-window token log-prob (`core.reasoning.confidence`) and
+its vote share (the fraction of the N candidates giving the same final answer), through a logistic regression
+fitted on out-of-fold scores."""
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
+from core.reasoning.voting import same_answer
 from models.heads import load_head
+
+COMBINED_FEATURES = ("verifier_logit", "logprob_mean", "logprob_lowest", "vote_share")
+
+
+def vote_shares(answers: Sequence[str | None]) -> list[float]:
+    """Each candidate's share of all candidates that give the same final answer (0 for a candidate without one)."""
+    n = len(answers)
+    return [0.0 if a is None else sum(b is not None and same_answer(a, b) for b in answers) / n for a in answers]
+
+
+def combined_features(score: float, mean: float, lowest: float, share: float) -> list[float]:
+    """One candidate's combiner inputs, in COMBINED_FEATURES order (the score as a clipped logit)."""
+    p = min(max(score, 1e-6), 1 - 1e-6)
+    return [math.log(p / (1 - p)), mean, lowest, share]
 
 
 class Verifier:
@@ -27,3 +49,15 @@ class Verifier:
         if calibration:
             logits = logits * calibration["scale"] + calibration["shift"]
         return torch.sigmoid(logits).tolist()
+
+    @property
+    def combiner(self) -> dict | None:
+        return self.config.get("combiner")
+
+    def combine(self, rows: Sequence[Sequence[float]]) -> list[float]:
+        """P(correct) of each candidate from its `combined_features` row, by the saved logistic regression."""
+        c = self.combiner
+        x = (torch.tensor(rows, dtype=torch.float64) - torch.tensor(c["mean"], dtype=torch.float64)) / torch.tensor(
+            c["std"], dtype=torch.float64)
+        z = x @ torch.tensor(c["coef"], dtype=torch.float64) + c["intercept"]
+        return torch.sigmoid(z).tolist()

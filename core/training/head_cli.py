@@ -12,10 +12,8 @@ from core.data.datasets import load_items
 
 
 def main(argv: list[str]) -> int:
-    import torch
-
     from core.loading import load_engine
-    from core.training.heads import SAMPLING_TEMPERATURE, SAMPLING_TOP_P, train_switcher, train_verifier, verifier_data
+    from core.training.heads import SAMPLING_TEMPERATURE, SAMPLING_TOP_P, train_switcher, train_verifier
 
     what, rest = argv[0], argv[1:]
     p = argparse.ArgumentParser(prog=f"ponder train {what}")
@@ -50,29 +48,54 @@ def main(argv: list[str]) -> int:
             raise ValueError("the verifier scores reasoning answers: install or train the reasoning adapter first")
         per_file = max(1, args.questions // len(args.data))
         items = [i for f in args.data for i in load_items(f, per_file, shuffle_seed=args.seed)]
-        started = time.monotonic()
-        if args.features_cache is not None and args.features_cache.is_file():
-            from safetensors.torch import load_file
-
-            saved = load_file(str(args.features_cache))
-            x, y, groups = saved["x"], saved["y"], saved["groups"]
-            sampling_seconds = saved["seconds"].item() if "seconds" in saved else None
-        else:
-            x, y, groups = verifier_data(engine, items, samples=args.samples, budget=args.budget, seed=args.seed,
-                                         report=say)
-            sampling_seconds = time.monotonic() - started
-            if args.features_cache is not None:
-                from safetensors.torch import save_file
-
-                save_file({"x": x.contiguous(), "y": y.contiguous(), "groups": groups.contiguous(),
-                           "seconds": torch.tensor([sampling_seconds], dtype=torch.float64)}, str(args.features_cache))
+        data = collect_verifier_data(engine, items, args, say)
+        x, y, groups, sampling_seconds = data["x"], data["y"], data["groups"], data["seconds"]
         source = {"data": [f"{Path(f).parent.name}/{Path(f).name}" for f in args.data],
                   "questions": args.questions, "samples": args.samples, "budget": args.budget, "seed": args.seed,
                   "temperature": SAMPLING_TEMPERATURE, "top_p": SAMPLING_TOP_P,
                   "command": " ".join(["ponder", "train", what, *rest]),
                   "sampling_seconds": None if sampling_seconds is None else round(sampling_seconds)}
         metrics = train_verifier(x, y, groups, args.out, hidden_size=x.shape[1], model_id=engine.model_id,
-                                 precision=engine.precision, seed=args.seed,
-                                 source=source)
+                                 precision=engine.precision, seed=args.seed, source=source,
+                                 extras=data.get("extras"))
     print(json.dumps(metrics))
     return 0
+
+
+def collect_verifier_data(engine, items, args, say) -> dict:
+    """Sample (or reload) the verifier's training candidates. With --features-cache the collection is saved every
+    8 questions (safetensors, written atomically) and a rerun continues where it stopped; a finished cache is
+    reused as it is. Caches from before the log-prob features hold no extras (the combiner is then skipped)."""
+    import os
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from core.training.heads import verifier_data
+
+    path = args.features_cache
+    start, spent = None, 0.0
+    if path is not None and path.is_file():
+        saved = load_file(str(path))
+        spent = saved["seconds"].item() if "seconds" in saved else None
+        done = int(saved["done"].item()) if "done" in saved else len(items)
+        if "extras" not in saved or done >= len(items):
+            say(f"features: reusing {path} ({len(saved['y'])} candidates)")
+            return {**saved, "seconds": spent, "extras": saved.get("extras")}
+        start = {**saved, "done": done}
+        say(f"features: continuing {path} after {done} questions")
+    started = time.monotonic()
+
+    def save(state: dict) -> None:
+        if path is None:
+            return
+        seconds = (spent or 0.0) + time.monotonic() - started
+        tmp = path.with_name(path.name + ".tmp")
+        save_file({"x": state["x"].contiguous(), "y": state["y"].contiguous(), "groups": state["groups"].contiguous(),
+                   "extras": state["extras"].contiguous(), "done": torch.tensor([state["done"]]),
+                   "seconds": torch.tensor([seconds], dtype=torch.float64)}, str(tmp))
+        os.replace(tmp, path)
+
+    data = verifier_data(engine, items, samples=args.samples, budget=args.budget, seed=args.seed, report=say,
+                         start=start, save=save)
+    return {**data, "seconds": (spent or 0.0) + time.monotonic() - started}

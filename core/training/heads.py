@@ -17,6 +17,7 @@ from core.data.datasets import Item
 from core.decode.cache import new_cache
 from core.decode.prefill import prefill
 from core.prompting.prompts import reasoning_system
+from core.reasoning.verifier import vote_shares
 from core.reasoning.voting import is_correct
 from models.fpt import fpt_of
 from models.heads import SwitcherHead, VerifierHead, chunk_ema, save_head
@@ -120,6 +121,8 @@ def train_switcher(engine, reason_items: list[Item], chat_items: list[Item], out
 class _Capture:
     """Stands in for the verifier while collecting data: keeps each hidden state, returns its index as 'score'."""
 
+    combiner = None  # the candidates keep their captured indices as scores
+
     def __init__(self):
         self.rows: list[torch.Tensor] = []
 
@@ -136,28 +139,52 @@ SAMPLING_TEMPERATURE, SAMPLING_TOP_P = 0.7, 0.95
 
 
 def verifier_data(engine, items: list[Item], *, samples: int = 4, budget: int = 256, answer_max_tokens: int = 128,
-                  temperature: float = SAMPLING_TEMPERATURE, seed: int = 0, report=print):
-    """Sample `samples` reasoning answers per question; label each by math-verify against the gold answer."""
+                  temperature: float = SAMPLING_TEMPERATURE, seed: int = 0, report=print, start: dict | None = None,
+                  save=None, save_every: int = 8):
+    """Sample `samples` reasoning answers per question; label each by math-verify against the gold answer.
+
+    Returns a dict: x (N, H) hidden states, y (N,) labels, groups (N,) question index, extras (N, 3) (the
+    candidate's mean and lowest-window token log-prob, its vote share among the question's samples) and done (the
+    questions behind them). `start`, such a dict, resumes after its `done` questions; `save(state)` gets it every
+    `save_every` questions and at the end, so a long collection survives being stopped."""
     capture, saved = _Capture(), engine.verifier
     engine.verifier = capture
-    feats, labels, groups = [], [], []
+    feats, labels, groups, extras, done = [], [], [], [], 0
+    if start:
+        feats, labels, groups = list(start["x"]), start["y"].tolist(), start["groups"].tolist()
+        extras, done = start["extras"].tolist(), int(start["done"])
+
+    def state(k: int) -> dict:
+        return {"x": torch.stack(feats) if feats else torch.empty(0, engine.model.config.hidden_size),
+                "y": torch.tensor(labels), "groups": torch.tensor(groups, dtype=torch.long),
+                "extras": torch.tensor(extras, dtype=torch.float32).view(-1, 3), "done": k}
+
     try:
         for k, item in enumerate(items):
-            cfg = SamplingConfig(temperature=temperature, top_p=SAMPLING_TOP_P, top_k=0, repetition_penalty=1.0, seed=seed + k)
+            if k < done:
+                continue
+            cfg = SamplingConfig(temperature=temperature, top_p=SAMPLING_TOP_P, top_k=0, repetition_penalty=1.0,
+                                 seed=seed + k)
             answer = None
             for event in engine.parallel(item.prompt, cfg, n=samples, mode="reason", budget=budget,
                                          answer_max_tokens=answer_max_tokens):
                 answer = getattr(event, "answer", answer)
-            for c in answer.candidates:
-                if c.score is None:
-                    continue
-                feats.append(capture.rows[int(c.score)])
+            kept = [c for c in answer.candidates if c.score is not None]
+            shares = vote_shares([c.final_answer for c in kept])
+            for c, share in zip(kept, shares, strict=True):
+                feats.append(original_basis(engine.model, capture.rows[int(c.score)][None])[0])
                 labels.append(1.0 if is_correct(c.text, item.gold) else 0.0)
                 groups.append(k)
+                extras.append([c.logprob_mean, c.logprob_lowest, share])
             report(f"{k + 1}/{len(items)} questions, {int(sum(labels))}/{len(labels)} correct so far")
+            if save is not None and (k + 1) % save_every == 0:
+                save(state(k + 1))
     finally:
         engine.verifier = saved
-    return original_basis(engine.model, torch.stack(feats)), torch.tensor(labels), torch.tensor(groups)
+    result = state(len(items))
+    if save is not None:
+        save(result)
+    return result
 
 
 WEIGHT_DECAYS = (0.1, 1.0, 10.0, 30.0, 100.0)
@@ -253,8 +280,10 @@ def platt_scaling(logits: torch.Tensor, y: torch.Tensor, steps: int = 200) -> di
 
 def train_verifier(x: torch.Tensor, y: torch.Tensor, groups: torch.Tensor, out: Path, *, hidden_size: int,
                    model_id: str, precision: str, seed: int = 0, val_share: float = 0.2,
-                   source: dict | None = None) -> dict:
-    """Fit on the training questions (L2 picked by cross-validation), report on held-out questions, save."""
+                   source: dict | None = None, extras: torch.Tensor | None = None) -> dict:
+    """Fit on the training questions (L2 picked by cross-validation), report on held-out questions, save. With
+    `extras` (N, 3: mean and lowest-window log-prob, vote share) a combiner is fitted on them and the head's
+    calibrated out-of-fold logit, and saved when it ranks a question's answers better than the head alone."""
     tr, va = group_split(groups, val_share, seed)
     wd, cv = pick_weight_decay(x[tr], y[tr], groups[tr], hidden_size, seed=seed)
     head = fit_head(VerifierHead(hidden_size), x[tr], y[tr], epochs=300, lr=5e-3, weight_decay=wd, seed=seed)
@@ -266,7 +295,19 @@ def train_verifier(x: torch.Tensor, y: torch.Tensor, groups: torch.Tensor, out: 
     metrics["within_question_auc_oof"] = within_question_auc_oof(x, y, groups, hidden_size, wd, seed=seed,
                                                                  logits=logits)
     metrics["calibration"] = platt_scaling(logits, y)
+    config = {}
+    if extras is not None:
+        from core.training.combiner import fit_combiner
+
+        cal = metrics["calibration"]
+        combiner = fit_combiner(torch.cat([(logits * cal["scale"] + cal["shift"])[:, None], extras.float()], 1),
+                                y, groups, seed=seed)
+        head_auc = metrics["within_question_auc_oof"]["auc"] or 0.0
+        combiner["kept"] = combiner["within_question_auc_oof"] > head_auc
+        metrics["combiner_fit"] = {k: v for k, v in combiner.items() if k not in ("mean", "std", "coef", "intercept")}
+        if combiner["kept"]:
+            config["combiner"] = combiner
     save_head(head, out, {"kind": "verifier", "hidden_size": hidden_size, "model": model_id, "precision": precision,
-                          **metrics,
+                          **metrics, **config,
                           "trained_on": source or {}})
     return metrics

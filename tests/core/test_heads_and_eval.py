@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from core.adapters import lora as adapters
+from core.config import SamplingConfig
 from core.data.datasets import Item, load_items
 from core.engine import Engine
 from core.evaluation.evaluate import evaluate
@@ -13,6 +14,7 @@ from core.reasoning.router import Router
 from core.reasoning.verifier import Verifier
 from core.reasoning.voting import is_correct
 from core.training.heads import platt_scaling, train_switcher, train_verifier, verifier_data, within_question_auc_oof
+from models.heads import VerifierHead
 from tests.tiny import make_model, make_tokenizer
 
 
@@ -69,15 +71,29 @@ def test_verifier_data_and_training(engine, tmp_path):
 
     items = [Item("What is 2+2?", "444", "gsm8k"), Item("What is 3+3?", "555", "gsm8k")]
     hook = engine.model.get_output_embeddings().register_forward_hook(says)
+    saves = []
     try:
-        x, y, groups = verifier_data(engine, items, samples=2, budget=4, answer_max_tokens=3, report=lambda m: None)
+        first = verifier_data(engine, items[:1], samples=2, budget=4, answer_max_tokens=3, report=lambda m: None,
+                              save=saves.append, save_every=1)
+        # resumed from the saved state: the first question is not sampled again
+        data = verifier_data(engine, items, samples=2, budget=4, answer_max_tokens=3, report=lambda m: None,
+                             start=saves[-1])
     finally:
         hook.remove()
+    assert first["done"] == 1 and [s["done"] for s in saves] == [1, 1] and data["done"] == 2
+    x, y, groups, extras = data["x"], data["y"], data["groups"], data["extras"]
+    assert torch.equal(x[:2], first["x"])
     assert x.shape == (4, 128) and groups.tolist() == [0, 0, 1, 1]
+    # each question's two answers differ (444 / 555): a vote share of one half each; log-probs of sampled tokens
+    assert extras[:, 2].tolist() == [0.5] * 4 and bool((extras[:, :2] <= 0).all())
     assert y.tolist() == [1.0, 0.0, 0.0, 1.0]  # 444 right then 555 wrong; 444 wrong then 555 right
     assert not torch.equal(x[0], x[1])  # each answer's own hidden state, not one row per question
-    metrics = train_verifier(x, y, groups, tmp_path / "v", hidden_size=128, model_id="tiny", precision="bf16")
+    metrics = train_verifier(x, y, groups, tmp_path / "v", hidden_size=128, model_id="tiny", precision="bf16",
+                             extras=extras)
     assert metrics["n_train"] + metrics["n_val"] == 4
+    # the combiner is fitted and reported; it is saved only when it ranks better than the head alone
+    saved = json.loads((tmp_path / "v" / "head.json").read_text())
+    assert metrics["combiner_fit"]["n"] == 4 and ("combiner" in saved) == metrics["combiner_fit"]["kept"]
     assert metrics["within_question_auc_oof"]["questions_with_both"] == 2
     verifier = Verifier.load(tmp_path / "v")
     assert verifier.config["calibration"] == metrics["calibration"]
@@ -165,3 +181,61 @@ def test_batched_greedy_evaluation_writes_as_it_goes(engine, tmp_path):
         assert out["n"] == 3 and out["decode"] == "griffin" and out["ff_keep"] == engine.ff_keep
     finally:
         engine.decode = "dense"
+
+
+def test_the_combiner_learns_what_the_candidates_say_of_themselves():
+    """A head whose logit is noise, and answers whose right ones are more confident and more often shared: the
+    combiner ranks each question's answers far better out of fold than the head alone, the saved verifier applies
+    the same regression, and the vote share alone ranks as a majority vote does."""
+    from core.reasoning.verifier import combined_features, vote_shares
+    from core.training.combiner import fit_combiner
+
+    gen = torch.Generator().manual_seed(0)
+    rows, y, groups = [], [], []
+    for q in range(60):
+        right = torch.rand(8, generator=gen) < 0.5
+        answers = ["7" if r else str(10 + int(torch.randint(0, 3, (1,), generator=gen))) for r in right]
+        for r, share in zip(right.tolist(), vote_shares(answers), strict=True):
+            mean = (-0.3 if r else -0.6) + 0.1 * float(torch.randn(1, generator=gen))
+            lowest = mean - 1.0 + 0.3 * float(torch.randn(1, generator=gen))
+            score = float(torch.rand(1, generator=gen))  # the head knows nothing
+            rows.append(combined_features(score, mean, lowest, share))
+            y.append(float(r))
+            groups.append(q)
+    x, y, groups = torch.tensor(rows), torch.tensor(y), torch.tensor(groups)
+    fit = fit_combiner(x, y, groups)
+    alone = fit["within_question_auc_alone"]
+    assert 0.35 < alone["verifier_logit"] < 0.65 and alone["logprob_mean"] > 0.85
+    assert fit["within_question_auc_oof"] > 0.9 and fit["coef"][1] > 0 and fit["features"][3] == "vote_share"
+    verifier = Verifier(VerifierHead(4), {"kind": "verifier", "combiner": fit})
+    probs = torch.tensor(verifier.combine(rows[:16]), dtype=torch.float64)
+    z = ((x[:16].double() - torch.tensor(fit["mean"])) / torch.tensor(fit["std"])) @ torch.tensor(
+        fit["coef"]).double() + fit["intercept"]
+    torch.testing.assert_close(probs, torch.sigmoid(z))
+    assert vote_shares(["3", None, "3.0", "4"]) == [0.5, 0.0, 0.5, 0.25]  # equal answers by math-verify
+
+
+def test_parallel_answers_are_scored_by_the_saved_combiner(engine):
+    """With a combiner in the verifier's config, each candidate's score is the combiner's probability of its
+    head score, confidence and vote share, and the vote weighs those."""
+    from core.reasoning.verifier import combined_features, vote_shares
+
+    torch.manual_seed(0)
+    combiner = {"features": ["verifier_logit", "logprob_mean", "logprob_lowest", "vote_share"], "mean": [0.0] * 4,
+                "std": [1.0] * 4, "coef": [0.5, 1.0, 0.5, 2.0], "intercept": -0.1}
+    plain = Verifier(VerifierHead(128), {"kind": "verifier", "hidden_size": 128})
+    saved = engine.verifier
+    try:
+        engine.verifier = plain
+        sampling = SamplingConfig(temperature=1.0, seed=3)
+        before = [e for e in engine.parallel("What is 2+3?", sampling, n=4, budget=4, answer_max_tokens=3)][-1].answer
+        engine.verifier = Verifier(plain.head, {**plain.config, "combiner": combiner})
+        after = [e for e in engine.parallel("What is 2+3?", sampling, n=4, budget=4, answer_max_tokens=3)][-1].answer
+    finally:
+        engine.verifier = saved
+    assert [c.text for c in after.candidates] == [c.text for c in before.candidates]  # same samples
+    shares = vote_shares([c.final_answer for c in before.candidates])
+    want = Verifier(plain.head, {"combiner": combiner}).combine(
+        [combined_features(c.score, c.logprob_mean, c.logprob_lowest, s)
+         for c, s in zip(before.candidates, shares, strict=True)])
+    assert [c.score for c in after.candidates] == pytest.approx(want) != [c.score for c in before.candidates]
