@@ -21,8 +21,12 @@ def main(argv: list[str]) -> int:
     p.add_argument("--model", default=EngineConfig().model_id)
     p.add_argument("--seed", type=int, default=0)
     if what == "switcher":
-        p.add_argument("--reason-data", action="append", required=True, help="GSM8K/MATH JSONL (label: reason)")
+        p.add_argument("--reason-data", action="append", help="GSM8K/MATH JSONL (label: reason)")
         p.add_argument("--chat-data", action="append", required=True, help="Alpaca JSONL (label: base)")
+        p.add_argument("--benefit", nargs=2, type=Path, metavar=("REASON_EVAL", "FAST_EVAL"),
+                       help="route by benefit: a Reason-mode and a Fast-mode `ponder eval --out` of the same train "
+                            "rows label each question by whether thinking helped (core.training.benefit)")
+        p.add_argument("--budget", type=int, default=None, help="budget auto states (default: the model's)")
         p.add_argument("--per-file", type=int, default=200, help="prompts taken from each file")
         p.add_argument("--features-cache", type=Path, default=None, help="safetensors file to reuse pooled features")
     else:
@@ -34,7 +38,21 @@ def main(argv: list[str]) -> int:
                        help="safetensors file keeping the sampled features and labels (reused when present)")
     args = p.parse_args(rest)
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
-    if what == "switcher":
+    if what == "switcher" and args.benefit:
+        from core.training.benefit import load_benefit, train_benefit_switcher
+        from models.registry import default_budget
+
+        engine = load_engine(EngineConfig(model_id=args.model), reasoning=False)
+        items, reason_right, fast_right, source = load_benefit(*args.benefit)
+        chat = [i for f in args.chat_data for i in load_items(f, args.per_file, shuffle_seed=args.seed)]
+        source = {**source, "chat_data": [Path(f).name for f in args.chat_data], "per_file": args.per_file,
+                  "command": " ".join(["ponder", "train", what, *rest])}
+        metrics = train_benefit_switcher(engine, items, reason_right, fast_right, chat, args.out,
+                                         budget=args.budget or default_budget(args.model), seed=args.seed,
+                                         report=say, source=source)
+    elif what == "switcher":
+        if not args.reason_data:
+            raise SystemExit("ponder train switcher: give --reason-data (a topic switcher) or --benefit")
         engine = load_engine(EngineConfig(model_id=args.model), reasoning=False)
         reason = [i for f in args.reason_data for i in load_items(f, args.per_file, shuffle_seed=args.seed)]
         chat = [i for f in args.chat_data for i in load_items(f, args.per_file * len(args.reason_data))]

@@ -239,3 +239,48 @@ def test_parallel_answers_are_scored_by_the_saved_combiner(engine):
         [combined_features(c.score, c.logprob_mean, c.logprob_lowest, s)
          for c, s in zip(before.candidates, shares, strict=True)])
     assert [c.score for c in after.candidates] == pytest.approx(want) != [c.score for c in before.candidates]
+
+
+def test_benefit_threshold_maximises_auto_accuracy_and_prefers_fewer_reason_routes():
+    from core.training.benefit import pick_threshold
+
+    probs = torch.tensor([0.9, 0.8, 0.3, 0.2])
+    reason = torch.tensor([True, True, False, True])
+    fast = torch.tensor([False, True, True, True])
+    # route the first (only Reason right) to Reason: 4 of 4 at any threshold in (0.8, 0.9]; the highest wins
+    assert pick_threshold(probs, reason, fast) == (pytest.approx(0.9), 1.0)
+    # Fast right everywhere: nothing is routed to Reason
+    threshold, acc = pick_threshold(probs, reason, torch.ones(4, dtype=torch.bool))
+    assert acc == 1.0 and threshold > 0.9
+
+
+def test_benefit_switcher_learns_where_thinking_helped(engine, tmp_path):
+    """Two evaluations of the same rows: on the multiplication questions Reason was right and Fast wrong, on the
+    naming ones the reverse. The head, its threshold picked out of fold, routes each kind to the mode that was
+    right (the random model's pooled states separate the two kinds, as in the topic switcher's test)."""
+    from core.training.benefit import benefit_rows, load_benefit, train_benefit_switcher
+
+    rows = [{"question": f"What is {a}*{a + 3}? Think step by step.", "answer": f"#### {a * (a + 3)}"}
+            for a in range(10)] + [{"question": f"Name a {w}.", "answer": "#### 1"} for w in
+                                   ["colour", "fruit", "river", "planet", "tree", "bird", "city", "metal", "song", "game"]]
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    def run(mode, right):
+        return {"mode": mode, "data": str(data), "questions": [{"index": i, "correct": right(i)} for i in range(20)]}
+    (tmp_path / "r.json").write_text(json.dumps(run("reason", lambda i: i < 10)))
+    (tmp_path / "f.json").write_text(json.dumps(run("base", lambda i: i >= 10)))
+    items, reason_right, fast_right, source = load_benefit(tmp_path / "r.json", tmp_path / "f.json")
+    assert len(items) == 20 and items[3].prompt.startswith("What is 3*6?") and source["rows"] == "0-19"
+    chat = [Item(f"Write a haiku about the {w}.", None, "alpaca") for w in ["sea", "sky", "moon", "rain"]]
+    metrics = train_benefit_switcher(engine, items, reason_right, fast_right, chat, tmp_path / "sw", budget=64,
+                                     report=lambda m: None)
+    assert metrics["thinking_helped"] == 10 and metrics["fast_only_right"] == 10
+    assert metrics["reason_accuracy"] == metrics["fast_accuracy"] == 0.5 and metrics["oracle_accuracy"] == 1.0
+    assert metrics["auto_accuracy_oof"] == 1.0 and metrics["reason_share_oof"] == 0.5
+    router = Router.load(tmp_path / "sw")
+    assert router.threshold == metrics["threshold"]
+    with pytest.raises(ValueError, match="different data"):
+        benefit_rows({"data": "a.jsonl", "mode": "reason"}, {"data": "b.jsonl", "mode": "base"})
+    with pytest.raises(ValueError, match="Reason-mode evaluation first"):
+        benefit_rows(run("base", bool), run("reason", bool))
