@@ -24,7 +24,12 @@ from PySide6.QtWidgets import (
 from ui.wizard_pages import WizardState
 from ui.wizard_run import RunPanel
 
-RL_BUDGETS = "128,256"
+RL_BUDGETS = "160,256"
+RL_ARGS = ("--budgets", RL_BUDGETS, "--margin", "0.5", "--group", "8", "--lr", "1e-4", "--kl", "0",
+           "--temperature", "0.7", "--answer-tokens", "48")
+"""The measured run `rl3` (docs/training.md, Budget RL): on the 0.5B, 150 steps (70 min on 2 cores) cut thinking
+by a quarter and budget cuts from ~30% to 6–10%, at −3 points on dev and +2 on test."""
+RL_STEPS = 150
 
 
 class FolderOpener:
@@ -103,12 +108,13 @@ class ConcisePage(QWizardPage):
         super().__init__(parent)
         self.s = state
         self.setTitle("Concise reasoning (optional)")
-        self.setSubTitle("Teach the adapter to reach the same answers with fewer thinking tokens "
-                         f"(budgets {RL_BUDGETS}). You can skip this.")
+        self.setSubTitle("Teach the adapter to reach the same answers with fewer thinking tokens (budgets "
+                         f"{RL_BUDGETS}). Measured on the 0.5B: {RL_STEPS} steps (about 70 minutes on 2 cores) "
+                         "cut thinking by a quarter, at up to 3 points of accuracy. You can skip this.")
         self.skip = QCheckBox("Skip this step")
         self.steps = QSpinBox()
         self.steps.setRange(1, 10000)
-        self.steps.setValue(20)
+        self.steps.setValue(RL_STEPS)
         self.start_button = QPushButton("Start")
         self.start_button.clicked.connect(self.start)
         form = QHBoxLayout()
@@ -132,7 +138,7 @@ class ConcisePage(QWizardPage):
 
     def args(self) -> list[str]:
         return ["train", "rl", "--adapter", self.s.name, "--data", self.s.data_path, "--model-id", self.s.model_id,
-                "--budgets", RL_BUDGETS, "--steps", str(self.steps.value()), "--name", self.name,
+                *RL_ARGS, "--steps", str(self.steps.value()), "--name", self.name,
                 "--json-progress", *self.s.extra_args, *self.s.rl_args]
 
     def run_dir(self):
