@@ -10,7 +10,7 @@
 //   sum_k w_k x_k = sum_g [ s_g * sum_k (128 + q_k) x_k + (z_g - 136 s_g) * sum_k x_k ].
 // Each row's arithmetic is the same whatever the number of rows, so batched and one-at-a-time decoding agree.
 //
-// Three instruction sets, chosen per call (`isa`), each for the layout torch packs for its CPU capability:
+// Five paths, chosen per call (`isa`), each for the layout torch packs for its CPU capability:
 //   ISA_BF16   AVX512-BF16 + VBMI, torch's AVX512 layout (above): vdpbf16ps on bf16 pairs.
 //   ISA_AVX512 AVX-512 F/BW + VBMI without BF16 (Ice Lake, Sapphire Rapids with BF16 masked): the same layout;
 //              one vpermt2b per 16 outputs makes the fp32 value 128 + q directly (bits 0x43000000 | q << 16),
@@ -22,6 +22,10 @@
 //              group (max |x| / 32767, so a group's error is at most 2^-16 of its largest input), the same
 //              vpermt2b makes int16 pairs (q_k, q_k+1) and vpdpwssd sums q * x exactly in int32, 32 products an
 //              instruction as vdpbf16ps does; then s_g * xscale_g * sum_k q_k x_k + (z_g - 8 s_g) * sum_k x_k.
+//   ISA_AVXVNNI AVX2 + AVX-VNNI (Intel Core 12th gen and later, AMD Zen 5): torch's AVX2 layout with the int16
+//              activations of ISA_VNNI; two consecutive 16-byte lines (inputs k, k+1) interleave into int16 pairs
+//              (q_k, q_k+1) per output and the VEX vpdpwssd sums 16 products an instruction, where ISA_AVX2's FMA
+//              does 8 after converting every nibble to fp32.
 // The fp32 and int paths round their sums to bf16 to nearest even in software. `features()` says which sets this CPU
 // has. Threads: OpenMP, which resolves to torch's own libgomp when torch is loaded first (same soname), so both
 // share one pool.
@@ -40,9 +44,10 @@
 #define F512_TARGET __attribute__((target("avx512f,avx512bw,avx512vbmi,fma")))
 #define AVX2_TARGET __attribute__((target("avx2,fma")))
 #define VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vbmi,avx512vnni,fma")))
+#define AVXVNNI_TARGET __attribute__((target("avx2,fma,avxvnni")))
 #define MAX_VNNI_GROUP 2048  // 15 * 32767 * 2048 < 2^31: a group's integer sum cannot overflow
 
-enum { ISA_BF16 = 0, ISA_AVX512 = 1, ISA_AVX2 = 2, ISA_VNNI = 3 };
+enum { ISA_BF16 = 0, ISA_AVX512 = 1, ISA_AVX2 = 2, ISA_VNNI = 3, ISA_AVXVNNI = 4, ISA_LAST = ISA_AVXVNNI };
 
 // Up to 4 rows per pass over a block: 4 rows x 4 output quarters accumulators.
 KERNEL_TARGET static inline __attribute__((always_inline)) void block_rows(const uint8_t* blk, const uint32_t* scales32,
@@ -294,6 +299,79 @@ VNNI_TARGET static void blocks_vnni(const uint8_t* packed, const uint32_t* scale
     }
 }
 
+// ISA_AVXVNNI: up to 2 rows over one block of 32 outputs (torch's AVX2 layout); xi as for ISA_VNNI.
+AVXVNNI_TARGET static inline __attribute__((always_inline)) void block_rows_avxvnni(const uint8_t* blk,
+        const uint32_t* scales32, const int16_t* xi, const float* xscale, const float* xsum, float* out,
+        uint16_t* y, const int rows, int n0, int N, int K, int group) {
+    const __m256i nib = _mm256_set1_epi8(0x0F);
+    const int groups = K / group;
+    const int pairs = group / 2;
+    for (int i = 0; i < rows * 32; i++) out[i] = 0.0f;
+    const uint8_t* line = blk;  // two inputs a step: 32 bytes, input k's 16 then input k + 1's
+    for (int g = 0; g < groups; g++) {
+        const int sets = rows == 1 ? 2 : 1;  // exact integer sums: splitting one row's changes nothing
+        __m256i acc[2][2][4];
+        for (int t = 0; t < sets; t++)
+            for (int r = 0; r < rows; r++)
+                for (int q = 0; q < 4; q++) acc[t][r][q] = _mm256_setzero_si256();
+        for (int p = g * pairs; p < (g + 1) * pairs; p++, line += 32) {
+            const int t = sets == 2 ? (p & 1) : 0;
+            _mm_prefetch((const char*)(line + PREFETCH), _MM_HINT_T0);
+            const __m256i v = _mm256_loadu_si256((const __m256i*)line);
+            const __m256i lo = _mm256_and_si256(v, nib);
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+            const __m128i lo_k = _mm256_castsi256_si128(lo), lo_k1 = _mm256_extracti128_si256(lo, 1);
+            const __m128i hi_k = _mm256_castsi256_si128(hi), hi_k1 = _mm256_extracti128_si256(hi, 1);
+            // int16 pairs (q_k, q_k+1): outputs 0-7, 8-15 (low nibbles), 16-23, 24-31 (high nibbles)
+            const __m256i w[4] = {_mm256_cvtepu8_epi16(_mm_unpacklo_epi8(lo_k, lo_k1)),
+                                  _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(lo_k, lo_k1)),
+                                  _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(hi_k, hi_k1)),
+                                  _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(hi_k, hi_k1))};
+            for (int r = 0; r < rows; r++) {
+                const __m256i xb = _mm256_set1_epi32(((const int32_t*)(xi + (size_t)r * K))[p]);
+                for (int q = 0; q < 4; q++) acc[t][r][q] = _mm256_dpwssd_avx_epi32(acc[t][r][q], w[q], xb);
+            }
+        }
+        if (sets == 2)
+            for (int q = 0; q < 4; q++) acc[0][0][q] = _mm256_add_epi32(acc[0][0][q], acc[1][0][q]);
+        const uint32_t* sz = scales32 + (size_t)g * N + n0;
+        for (int q = 0; q < 4; q++) {
+            const __m256i packed = _mm256_loadu_si256((const __m256i*)(sz + 8 * q));
+            const __m256 s = _mm256_castsi256_ps(_mm256_slli_epi32(packed, 16));
+            const __m256 z = _mm256_castsi256_ps(_mm256_and_si256(packed, _mm256_set1_epi32((int)0xFFFF0000u)));
+            const __m256 offset = _mm256_fnmadd_ps(s, _mm256_set1_ps(8.0f), z);
+            for (int r = 0; r < rows; r++) {
+                const __m256 sx = _mm256_mul_ps(s, _mm256_set1_ps(xscale[r * groups + g]));
+                __m256 o = _mm256_fmadd_ps(sx, _mm256_cvtepi32_ps(acc[0][r][q]), _mm256_loadu_ps(out + r * 32 + 8 * q));
+                o = _mm256_fmadd_ps(offset, _mm256_set1_ps(xsum[r * groups + g]), o);
+                _mm256_storeu_ps(out + r * 32 + 8 * q, o);
+            }
+        }
+    }
+    for (int r = 0; r < rows; r++)
+        for (int q = 0; q < 4; q++)
+            _mm_storeu_si128((__m128i*)(y + (size_t)r * N + n0 + 8 * q), bf16_256(_mm256_loadu_ps(out + r * 32 + 8 * q)));
+}
+
+AVXVNNI_TARGET static void blocks_avxvnni(const uint8_t* packed, const uint32_t* scales32, const int16_t* xi,
+                                          const float* xscale, const float* xsum, uint16_t* y, int M, int N, int K,
+                                          int group) {
+    const int groups = K / group;
+    #pragma omp parallel for schedule(static)
+    for (int b = 0; b < N / 32; b++) {
+        float out[2 * 32] __attribute__((aligned(32)));
+        const uint8_t* blk = packed + (size_t)b * K * 16;
+        for (int m = 0; m < M; m += 2) {
+            const int16_t* xm = xi + (size_t)m * K;
+            const float* cm = xscale + m * groups;
+            const float* sm = xsum + m * groups;
+            uint16_t* ym = y + (size_t)m * N;
+            if (M - m >= 2) block_rows_avxvnni(blk, scales32, xm, cm, sm, out, ym, 2, b * 32, N, K, group);
+            else block_rows_avxvnni(blk, scales32, xm, cm, sm, out, ym, 1, b * 32, N, K, group);
+        }
+    }
+}
+
 // x as int16 per group: q = round(x / scale), scale = max |x| / 32767 (0 for an all-zero group).
 static void to_int16(const uint16_t* x, int16_t* xi, float* xscale, int M, int K, int group) {
     const int groups = K / group;
@@ -370,9 +448,10 @@ static int int4_mm(const uint8_t* packed, const uint32_t* scales32, const uint16
     float* xsum = (float*)malloc(sizeof(float) * (size_t)M * groups);
     const int fp32 = isa == ISA_AVX512 || isa == ISA_AVX2;
     float* xf = fp32 ? (float*)malloc(sizeof(float) * (size_t)M * K) : NULL;
-    int16_t* xi = isa == ISA_VNNI ? (int16_t*)malloc(sizeof(int16_t) * (size_t)M * K) : NULL;
-    float* xscale = isa == ISA_VNNI ? (float*)malloc(sizeof(float) * (size_t)M * groups) : NULL;
-    if (xsum == NULL || (fp32 && xf == NULL) || (isa == ISA_VNNI && (xi == NULL || xscale == NULL))) {
+    const int ints = isa == ISA_VNNI || isa == ISA_AVXVNNI;
+    int16_t* xi = ints ? (int16_t*)malloc(sizeof(int16_t) * (size_t)M * K) : NULL;
+    float* xscale = ints ? (float*)malloc(sizeof(float) * (size_t)M * groups) : NULL;
+    if (xsum == NULL || (fp32 && xf == NULL) || (ints && (xi == NULL || xscale == NULL))) {
         free(xsum);
         free(xf);
         free(xi);
@@ -390,6 +469,7 @@ static int int4_mm(const uint8_t* packed, const uint32_t* scales32, const uint16
     if (xi != NULL) to_int16(x, xi, xscale, M, K, group);
     if (isa == ISA_BF16) blocks_bf16(packed, scales32, x, xsum, y, M, N, K, group);
     else if (isa == ISA_VNNI) blocks_vnni(packed, scales32, xi, xscale, xsum, y, M, N, K, group);
+    else if (isa == ISA_AVXVNNI) blocks_avxvnni(packed, scales32, xi, xscale, xsum, y, M, N, K, group);
     else if (isa == ISA_AVX512) blocks_f512(packed, scales32, xf, xsum, y, M, N, K, group);
     else blocks_avx2(packed, scales32, xf, xsum, y, M, N, K, group);
     free(xsum);
@@ -423,7 +503,9 @@ static int cpu_features(void) {  // bit i: ISA i runs on this CPU
                        __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("fma");
     return (avx512 && __builtin_cpu_supports("avx512bf16")) << ISA_BF16 | avx512 << ISA_AVX512 |
            (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) << ISA_AVX2 |
-           (avx512 && __builtin_cpu_supports("avx512vnni")) << ISA_VNNI;
+           (avx512 && __builtin_cpu_supports("avx512vnni")) << ISA_VNNI |
+           (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+            __builtin_cpu_supports("avxvnni") != 0) << ISA_AVXVNNI;
 }
 
 // mm(packed, scales, x, y, M, N, K, group, isa): addresses as ints, arrays contiguous; y bf16 [M, N] is written.
@@ -434,12 +516,12 @@ static PyObject* py_mm(PyObject* self, PyObject* const* args, Py_ssize_t nargs) 
     if (read_args(args, nargs, 9, ptr, 4, dims, 5, "mm takes packed, scales, x, y, M, N, K, group, isa") < 0)
         return NULL;
     const long M = dims[0], N = dims[1], K = dims[2], group = dims[3], isa = dims[4];
-    if (isa < 0 || isa > ISA_VNNI || !(cpu_features() >> isa & 1)) {
+    if (isa < 0 || isa > ISA_LAST || !(cpu_features() >> isa & 1)) {
         PyErr_SetString(PyExc_ValueError, "int4 mm: this CPU lacks that instruction set");
         return NULL;
     }
     if (M < 1 || M > MAX_ROWS || N < 64 || N % 64 || group < 4 || group % 4 || K < group || K % group ||
-        (isa == ISA_VNNI && group > MAX_VNNI_GROUP)) {
+        ((isa == ISA_VNNI || isa == ISA_AVXVNNI) && group > MAX_VNNI_GROUP)) {
         PyErr_SetString(PyExc_ValueError, "int4 mm: shape outside the kernel's range");
         return NULL;
     }
@@ -524,6 +606,7 @@ PyMODINIT_FUNC PyInit__int4(void) {
         PyModule_AddIntConstant(m, "ISA_BF16", ISA_BF16);
         PyModule_AddIntConstant(m, "ISA_AVX512", ISA_AVX512);
         PyModule_AddIntConstant(m, "ISA_AVX2", ISA_AVX2);
+        PyModule_AddIntConstant(m, "ISA_AVXVNNI", ISA_AVXVNNI);
         PyModule_AddIntConstant(m, "ISA_VNNI", ISA_VNNI);
         PyModule_AddIntConstant(m, "MAX_VNNI_GROUP", MAX_VNNI_GROUP);
     }

@@ -3,11 +3,12 @@
 `models/_int4.c` reads torch's packed int4 layout as it is (no second copy of the weights) and computes x @ W.T for
 1..16 bf16 rows; short prompts (up to CHUNKED_ROWS rows) run through it 16 rows at a time. torch packs one layout
 per CPU capability, and the kernel has a path for each (see its header): AVX512-BF16; AVX-512 VNNI (int16
-activations, exact integer sums) or plain AVX-512 (fp32) without BF16; AVX2 + FMA (most laptops). On AVX-512 it
-also unpacks a matrix to bf16 in one pass (`unpack`), for long prompts.
+activations, exact integer sums) or plain AVX-512 (fp32) without BF16; AVX2 with AVX-VNNI (int16 activations, as
+AVX-512 VNNI; Intel Core 12th gen and later) or AVX2 + FMA (older laptops). On AVX-512 it also unpacks a matrix
+to bf16 in one pass (`unpack`), for long prompts.
 It is built at install as an optional C extension; where it could not be built, where torch packs a layout it has
 no path for, or where `PONDER_INT4_KERNEL=torch` is set, every call goes to torch's `_weight_int4pack_mm_for_cpu`.
-`PONDER_INT4_KERNEL=avx512-vnni|avx512|avx2` forces a lower path (with `ATEN_CPU_CAPABILITY=avx2`, an AVX2
+`PONDER_INT4_KERNEL=avx512-vnni|avx512|avx2-vnni|avx2` forces a lower path (with `ATEN_CPU_CAPABILITY=avx2`, an AVX2
 laptop's layout).
 Each row's arithmetic is the same whatever the number of rows, so batched and one-at-a-time decoding give the same
 tokens on either kernel.
@@ -29,9 +30,12 @@ except ImportError:  # not built here (no C compiler at install): torch's kernel
 MAX_ROWS = _int4.MAX_ROWS if _int4 is not None else 0
 
 
-PATHS = {"AVX512": ("avx512-bf16", "avx512-vnni", "avx512"), "AVX2": ("avx2",)}
+PATHS = {"AVX512": ("avx512-bf16", "avx512-vnni", "avx512"), "AVX2": ("avx2-vnni", "avx2")}
 """The kernel's paths that read the layout torch packs for each of its CPU capabilities, best first."""
-_CODES = {"avx512-bf16": "ISA_BF16", "avx512-vnni": "ISA_VNNI", "avx512": "ISA_AVX512", "avx2": "ISA_AVX2"}
+_CODES = {"avx512-bf16": "ISA_BF16", "avx512-vnni": "ISA_VNNI", "avx512": "ISA_AVX512", "avx2-vnni": "ISA_AVXVNNI",
+          "avx2": "ISA_AVX2"}
+INT16_PATHS = ("avx512-vnni", "avx2-vnni")
+"""Paths that hold activations as int16 per group (at most MAX_VNNI_GROUP inputs a group)."""
 
 
 def _choose() -> str | None:
@@ -40,7 +44,9 @@ def _choose() -> str | None:
     if _int4 is None or forced == "torch":
         return None
     for name in PATHS.get(torch.backends.cpu.get_cpu_capability(), ()):
-        code = getattr(_int4, _CODES[name])
+        code = getattr(_int4, _CODES[name], None)
+        if code is None:  # an extension built before this path existed
+            continue
         if forced in ("", name) and _int4.features() >> code & 1 and _reads_this_torch_layout(code):
             return name
     return None
@@ -82,7 +88,7 @@ def kernel_name() -> str:
     return "torch"
 
 
-CHUNKED_ROWS = 64 if PATH in ("avx512-bf16", "avx2") else MAX_ROWS
+CHUNKED_ROWS = 64 if PATH in ("avx512-bf16", "avx2", "avx2-vnni") else MAX_ROWS
 """Up to this many rows go through Ponder's kernel MAX_ROWS at a time (each row computes the same either way):
 at 16 rows it takes half torch's time (1.56 against 3.32 ms for 9728×896 on a 2-core EPYC). Longer prompts
 unpack to bf16 (models.quantization.prefill_rows) or run on torch's kernel. The AVX-512 paths without bf16
@@ -93,7 +99,7 @@ unpack to bf16 (models.quantization.prefill_rows) or run on torch's kernel. The 
 def runs_rows(rows: int, out_features: int, group_size: int) -> bool:
     """Whether Ponder's kernel takes a matmul of this shape."""
     return (ENABLED and 1 <= rows <= CHUNKED_ROWS and out_features % 64 == 0 and group_size % 4 == 0
-            and (PATH != "avx512-vnni" or group_size <= _int4.MAX_VNNI_GROUP))
+            and (PATH not in INT16_PATHS or group_size <= _int4.MAX_VNNI_GROUP))
 
 
 def int4_mm(x: torch.Tensor, data: torch.Tensor, group_size: int, scales: torch.Tensor) -> torch.Tensor:

@@ -161,14 +161,16 @@ def test_scratch_unpacks_reuse_one_buffer_per_thread():
 
 
 def test_every_path_this_cpu_runs_agrees_with_the_others():
-    """On torch's AVX-512 packing, the BF16 and the plain AVX-512 paths (whichever this CPU has) give each row
-    within one bf16 rounding of each other."""
-    if torch.backends.cpu.get_cpu_capability() != "AVX512" or int4_kernel._int4 is None:
-        pytest.skip("needs torch's AVX-512 packing and the built kernel")
-    codes = [getattr(int4_kernel._int4, int4_kernel._CODES[name]) for name in int4_kernel.PATHS["AVX512"]]
+    """On torch's packing here (AVX-512, or AVX2 in the child process below), every path of that layout this CPU
+    has (BF16, VNNI, plain AVX-512; AVX-VNNI, AVX2 + FMA) gives each row within one bf16 rounding of the exact
+    product."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability not in int4_kernel.PATHS or int4_kernel._int4 is None:
+        pytest.skip("needs a packing the kernel reads and the built kernel")
+    codes = [getattr(int4_kernel._int4, int4_kernel._CODES[name]) for name in int4_kernel.PATHS[capability]]
     codes = [c for c in codes if int4_kernel._int4.features() >> c & 1]
     if not codes:
-        pytest.skip("this CPU has no AVX-512 path")
+        pytest.skip(f"this CPU has no {capability} path")
     packed, scales, weight = random_int4(640, 1024, 128)
     x = torch.randn(5, 1024, generator=torch.Generator().manual_seed(9)).to(torch.bfloat16)
     exact = x.double() @ weight.t()
@@ -178,14 +180,17 @@ def test_every_path_this_cpu_runs_agrees_with_the_others():
         assert (y.double() - exact).abs().max() <= exact.abs().max() * 2 ** -7
 
 
-@pytest.mark.skipif(int4_kernel._int4 is None or not int4_kernel._int4.features() >> 2 & 1,
-                    reason="needs the built kernel and AVX2 + FMA")
-def test_the_avx2_path_passes_these_tests_on_torchs_avx2_packing():
-    """A laptop without AVX-512: torch packs its AVX2 layout, and the AVX2 path runs every test above."""
-    env = dict(os.environ, ATEN_CPU_CAPABILITY="avx2", PONDER_INT4_KERNEL="avx2")
+@pytest.mark.parametrize("path", ["avx2", "avx2-vnni"])
+def test_the_avx2_paths_pass_these_tests_on_torchs_avx2_packing(path):
+    """A laptop without AVX-512: torch packs its AVX2 layout, and each AVX2 path (with AVX-VNNI, or FMA only) runs
+    every test above."""
+    code = getattr(int4_kernel._int4, int4_kernel._CODES[path], None) if int4_kernel._int4 is not None else None
+    if code is None or not int4_kernel._int4.features() >> code & 1:
+        pytest.skip(f"needs the built kernel and a CPU with the {path} path")
+    env = dict(os.environ, ATEN_CPU_CAPABILITY="avx2", PONDER_INT4_KERNEL=path)
     probe = subprocess.run([sys.executable, "-c", "from models import int4_kernel; print(int4_kernel.kernel_name())"],
                            env=env, capture_output=True, text=True, timeout=120)
-    assert probe.stdout.strip() == "ponder avx2", probe.stderr
+    assert probe.stdout.strip() == f"ponder {path}", probe.stderr
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
-                          "not avx2_path_passes"], env=env, capture_output=True, text=True, timeout=300)
+                          "not avx2_paths_pass"], env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-3000:]
