@@ -272,12 +272,13 @@ class Engine(TraceKeeping, AdapterChoice):
         think_limit, answer_limit = self._limits(start_len + len(self.markers.verify), decision.reason, budget,
                                                  answer_max_tokens, cfg)
         rows = [new_row(i, self.tokenizer, self.markers, cfg, reasoning=decision.reason, think_limit=think_limit,
-                        answer_limit=answer_limit, verify=verify, seen=ids, logprobs=True) for i in range(n)]
+                        answer_limit=answer_limit, verify=verify, seen=ids, logprobs="model") for i in range(n)]
         yield from self._decode(cache, logits.expand(n, -1), rows, cfg, decision.reason, cancel, skill)
         yield DoneEvent(self._combine(rows, ids, decision, budget if decision.reason else None, start, kv_bytes,
-                                      skill))
+                                      skill, cfg.temperature))
 
-    def _combine(self, rows: list[Row], ids, decision, budget, start, kv_bytes, skill=None) -> Answer:
+    def _combine(self, rows: list[Row], ids, decision, budget, start, kv_bytes, skill=None,
+                 temperature: float | None = None) -> Answer:
         candidates = []
         for row in rows:
             text = row.answer_text(self.markers)
@@ -286,12 +287,12 @@ class Engine(TraceKeeping, AdapterChoice):
                                         len(row.thinking_ids), len(row.answer_ids), row.budget_hit,
                                         row.finish or "cancelled", *(confidence or (None, None))))
         scored = all(c.score is not None for c in candidates)
-        if scored and self.verifier is not None and self.verifier.combiner and all(
+        if scored and self.verifier is not None and self.verifier.combines(temperature) and all(
                 c.logprob_mean is not None for c in candidates):  # the score, its confidence and its vote share
             shares = vote_shares([c.final_answer for c in candidates])
             combined = self.verifier.combine([combined_features(c.score, c.logprob_mean, c.logprob_lowest, share)
                                               for c, share in zip(candidates, shares, strict=True)])
-            candidates = [replace(c, score=p) for c, p in zip(candidates, combined, strict=True)]
+            candidates = [replace(c, score=p, head_score=c.score) for c, p in zip(candidates, combined, strict=True)]
         method = "weighted" if scored else "majority"
         result = vote([c.final_answer for c in candidates], [c.score if scored else 1.0 for c in candidates], method)
         chosen = result.winner_index if result.winner_index is not None else 0

@@ -76,6 +76,8 @@ class Candidate:
     """Mean log-prob of its sampled tokens (core.reasoning.confidence), None when not recorded."""
     logprob_lowest: float | None = None
     """Lowest mean log-prob over a window of its tokens (DeepConf's lowest group confidence)."""
+    head_score: float | None = None
+    """The verifier head's own P(correct) when a combiner turned it into `score`; None otherwise."""
 
     def to_dict(self) -> dict:
         """The JSON form `ponder ask --json`, the local server and stored chats share (`answer` = final_answer)."""
@@ -83,7 +85,7 @@ class Candidate:
                 "thinking": self.thinking, "thinking_tokens": self.thinking_tokens,
                 "answer_tokens": self.answer_tokens, "budget_forced": self.budget_forced,
                 "finish_reason": self.finish_reason, "logprob_mean": self.logprob_mean,
-                "logprob_lowest": self.logprob_lowest}
+                "logprob_lowest": self.logprob_lowest, "head_score": self.head_score}
 
 
 @dataclass(frozen=True)

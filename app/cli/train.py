@@ -38,7 +38,7 @@ def cmd_train(argv: list[str]) -> int:
 
         return (caprese_main if argv[0] == "caprese" else cats_main)(argv[1:])
     if argv[0] == "rl":
-        from core.training.rl import main as rl_main
+        from core.training.rl_cli import main as rl_main
 
         return rl_main(argv[1:])
     if argv[0] == "sft":

@@ -74,8 +74,11 @@ class Row:
     reasoning: bool = False
     """The row began with a thinking trace."""
     logprobs: list[float] | None = None
-    """With `new_row(logprobs=True)`: the log-probability each kept token had where it was sampled (after the
-    repetition penalty and temperature, before top-k/top-p), one per entry of `thinking_ids + answer_ids`."""
+    """With `new_row(logprobs=...)`: each kept token's log-probability, one per entry of `thinking_ids +
+    answer_ids`; under the distribution it was drawn from ('sampling': penalty and temperature applied, before
+    top-k/top-p — RL's importance weights) or the model's own ('model': the raw logits — a candidate's confidence,
+    comparable across sampling settings)."""
+    logprob_kind: str = "sampling"
 
     def keep(self, ids: list[int], t: int, logprob: float | None) -> None:
         """Append a sampled token to `ids` (the row's thinking or answer ids) and its log-prob when recorded."""
@@ -91,14 +94,17 @@ class Row:
 
 def new_row(index: int, tokenizer, markers: ReasoningMarkers, cfg: SamplingConfig, *, reasoning: bool,
             think_limit: int, answer_limit: int, verify: bool = False, seen: list[int] | None = None,
-            pending: list[int] | None = None, logprobs: bool = False) -> Row:
+            pending: list[int] | None = None, logprobs: str | None = None) -> Row:
     """A row that starts thinking (reasoning) or answering (base), sampling from the prefill's logits;
-    `logprobs` records each sampled token's log-probability (RL's importance weights, confidence features)."""
+    `logprobs` ('sampling' or 'model', see `Row.logprobs`) records each sampled token's log-probability."""
+    if logprobs not in (None, "sampling", "model"):
+        raise ValueError("logprobs must be None, 'sampling' or 'model'")
     pending = list(pending or [])
     return Row(index, "thinking" if reasoning else "answer", TextStream(tokenizer, (markers.close_marker,)),
                TextStream(tokenizer, cfg.stop), think_limit=think_limit, answer_limit=answer_limit, verify=verify,
                pending=pending, think_offset=len(pending), reasoning=reasoning,
-               seen=list(seen or []) if cfg.repetition_penalty != 1.0 else None, logprobs=[] if logprobs else None)
+               seen=list(seen or []) if cfg.repetition_penalty != 1.0 else None, logprobs=[] if logprobs else None,
+               logprob_kind=logprobs or "sampling")
 
 
 def stop_token_index(tokenizer, ids: list[int], char: int) -> int:
@@ -224,9 +230,7 @@ def decode_rows(model, cache, logits: torch.Tensor | None, rows: list[Row], *, t
             scores = logits if len(need) == len(active) else logits[need]  # no (B, V) copy in the common case
             seen = _penalty_context([active[p] for p in need])
             picks = sample_next(scores, cfg, generator, seen)
-            lps = [None] * len(need)
-            if any(active[p].logprobs is not None for p in need):
-                lps = pick_logprobs(scores, picks, cfg, seen).tolist()
+            lps = _recorded_logprobs([active[p] for p in need], scores, picks, cfg, seen)
             for pos, t, lp in zip(need, picks.tolist(), lps, strict=True):
                 yield from step.take(active[pos], t, lp)
             yield from _moved(active, told)
@@ -262,6 +266,25 @@ def decode_rows(model, cache, logits: torch.Tensor | None, rows: list[Row], *, t
             for pos, s in zip(scoring, scores, strict=True):
                 active[pos].score, active[pos].phase = s, "done"
             yield from _moved(active, told)
+
+
+def _recorded_logprobs(rows: list[Row], scores: torch.Tensor, picks: torch.Tensor, cfg: SamplingConfig,
+                       seen: torch.Tensor | None) -> list[float | None]:
+    """Each row's log-prob of its pick, of the kind it records (None for rows that record none)."""
+    out: list[float | None] = [None] * len(rows)
+    for kind in ("sampling", "model"):
+        which = [i for i, r in enumerate(rows) if r.logprobs is not None and r.logprob_kind == kind]
+        if which:
+            index = torch.tensor(which)
+            values = (pick_logprobs(scores[index], picks[index], cfg, None if seen is None else seen[index])
+                      if kind == "sampling" else pick_logprobs(scores[index], picks[index], RAW))
+            for i, v in zip(which, values.tolist(), strict=True):
+                out[i] = v
+    return out
+
+
+RAW = SamplingConfig(temperature=1.0, top_p=1.0, top_k=0, repetition_penalty=1.0)
+"""The model's own distribution: what 'model' log-probs are taken under."""
 
 
 def _moved(rows: list[Row], told: dict[int, str] | None) -> Iterator[PhaseEvent]:

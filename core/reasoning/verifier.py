@@ -20,9 +20,21 @@ COMBINED_FEATURES = ("verifier_logit", "logprob_mean", "logprob_lowest", "vote_s
 
 
 def vote_shares(answers: Sequence[str | None]) -> list[float]:
-    """Each candidate's share of all candidates that give the same final answer (0 for a candidate without one)."""
-    n = len(answers)
-    return [0.0 if a is None else sum(b is not None and same_answer(a, b) for b in answers) / n for a in answers]
+    """Each candidate's share of all candidates in its answer's group (0 without an answer), the groups formed as
+    `vote` forms them: each answer joins the first earlier group whose first answer it equals (math-verify)."""
+    firsts: list[str] = []
+    group: list[int | None] = []
+    for a in answers:
+        if a is None:
+            group.append(None)
+            continue
+        g = next((i for i, first in enumerate(firsts) if same_answer(first, a)), None)
+        if g is None:
+            firsts.append(a)
+            g = len(firsts) - 1
+        group.append(g)
+    sizes = [group.count(g) for g in range(len(firsts))]
+    return [0.0 if g is None else sizes[g] / len(answers) for g in group]
 
 
 def combined_features(score: float, mean: float, lowest: float, share: float) -> list[float]:
@@ -53,6 +65,15 @@ class Verifier:
     @property
     def combiner(self) -> dict | None:
         return self.config.get("combiner")
+
+    def combines(self, temperature: float | None) -> bool:
+        """Whether the combiner applies to answers sampled at `temperature`: its log-prob inputs shift with it, so
+        only near the temperature its training answers were sampled at (±0.1)."""
+        c = self.combiner
+        if not c:
+            return False
+        trained = c.get("temperature")
+        return trained is None or (temperature is not None and abs(temperature - trained) <= 0.1)
 
     def combine(self, rows: Sequence[Sequence[float]]) -> list[float]:
         """P(correct) of each candidate from its `combined_features` row, by the saved logistic regression."""

@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 
 from core.data.datasets import Item
-from core.training.heads import fit_head, pairwise_auc, question_folds, switcher_features
+from core.training.folds import pairwise_auc, question_folds
+from core.training.heads import fit_head, switcher_features
 from models.heads import SwitcherHead, save_head
 
 NOISE = 0.5
@@ -28,7 +29,7 @@ NOISE = 0.5
 
 def benefit_rows(reason: dict, fast: dict) -> list[tuple[int, bool, bool]]:
     """(row index in the data file, Reason right, Fast right) for every row both evaluations scored."""
-    if Path(reason.get("data", "")).name != Path(fast.get("data", "")).name:
+    if reason.get("data") != fast.get("data"):
         raise ValueError(f"the two evaluations ran on different data ({reason.get('data')} and {fast.get('data')})")
     if reason.get("mode") != "reason" or fast.get("mode") != "base":
         raise ValueError("give a Reason-mode evaluation first and a Fast-mode (base) one second")
@@ -97,4 +98,4 @@ def load_benefit(reason_path: Path, fast_path: Path) -> tuple[list[Item], list[b
     items = [every[i] for i, _, _ in rows]
     return items, [a for _, a, _ in rows], [b for _, _, b in rows], {
         "reason_eval": Path(reason_path).name, "fast_eval": Path(fast_path).name, "data": data.name,
-        "rows": f"{min(i for i, _, _ in rows)}-{top}", "adapter": reason.get("adapter")}
+        "rows": f"{min(i for i, _, _ in rows)}-{top}", "adapter": reason.get("adapter"), "budget": reason.get("budget")}

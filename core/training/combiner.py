@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from core.reasoning.verifier import COMBINED_FEATURES
-from core.training.heads import pairwise_auc, question_folds
+from core.training.folds import pairwise_auc, question_folds
 
 L2 = (0.01, 0.1, 1.0, 10.0)
 

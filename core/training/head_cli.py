@@ -26,7 +26,8 @@ def main(argv: list[str]) -> int:
         p.add_argument("--benefit", nargs=2, type=Path, metavar=("REASON_EVAL", "FAST_EVAL"),
                        help="route by benefit: a Reason-mode and a Fast-mode `ponder eval --out` of the same train "
                             "rows label each question by whether thinking helped (core.training.benefit)")
-        p.add_argument("--budget", type=int, default=None, help="budget auto states (default: the model's)")
+        p.add_argument("--budget", type=int, default=None,
+                       help="budget auto states (default: the Reason evaluation's, else the model's)")
         p.add_argument("--per-file", type=int, default=200, help="prompts taken from each file")
         p.add_argument("--features-cache", type=Path, default=None, help="safetensors file to reuse pooled features")
     else:
@@ -48,7 +49,8 @@ def main(argv: list[str]) -> int:
         source = {**source, "chat_data": [Path(f).name for f in args.chat_data], "per_file": args.per_file,
                   "command": " ".join(["ponder", "train", what, *rest])}
         metrics = train_benefit_switcher(engine, items, reason_right, fast_right, chat, args.out,
-                                         budget=args.budget or default_budget(args.model), seed=args.seed,
+                                         budget=args.budget or source.get("budget") or default_budget(args.model),
+                                         seed=args.seed,
                                          report=say, source=source)
     elif what == "switcher":
         if not args.reason_data:
@@ -93,7 +95,17 @@ def collect_verifier_data(engine, items, args, say) -> dict:
 
     path = args.features_cache
     start, spent = None, 0.0
+    made_by = {"data": json.dumps([str(f) for f in args.data]), "questions": str(args.questions),
+               "samples": str(args.samples), "budget": str(args.budget), "seed": str(args.seed)}
     if path is not None and path.is_file():
+        from safetensors import safe_open
+
+        with safe_open(str(path), "pt") as f:
+            meta = f.metadata() or {}
+        differ = [k for k, v in made_by.items() if k in meta and meta[k] != v]
+        if differ:
+            raise SystemExit(f"ponder train verifier: {path} was collected with other {', '.join(differ)} "
+                             f"({', '.join(f'{k}={meta[k]}' for k in differ)}); give another --features-cache")
         saved = load_file(str(path))
         spent = saved["seconds"].item() if "seconds" in saved else None
         done = int(saved["done"].item()) if "done" in saved else len(items)
@@ -111,7 +123,7 @@ def collect_verifier_data(engine, items, args, say) -> dict:
         tmp = path.with_name(path.name + ".tmp")
         save_file({"x": state["x"].contiguous(), "y": state["y"].contiguous(), "groups": state["groups"].contiguous(),
                    "extras": state["extras"].contiguous(), "done": torch.tensor([state["done"]]),
-                   "seconds": torch.tensor([seconds], dtype=torch.float64)}, str(tmp))
+                   "seconds": torch.tensor([seconds], dtype=torch.float64)}, str(tmp), metadata=made_by)
         os.replace(tmp, path)
 
     data = verifier_data(engine, items, samples=args.samples, budget=args.budget, seed=args.seed, report=say,

@@ -19,6 +19,7 @@ from core.decode.prefill import prefill
 from core.prompting.prompts import reasoning_system
 from core.reasoning.verifier import vote_shares
 from core.reasoning.voting import is_correct
+from core.training.folds import pairwise_auc, question_folds
 from models.fpt import fpt_of
 from models.heads import SwitcherHead, VerifierHead, chunk_ema, save_head
 
@@ -67,14 +68,6 @@ def accuracy(head, x, y, threshold: float = 0.5) -> float:
         return ((torch.sigmoid(head(x)) >= threshold).float() == y).float().mean().item()
 
 
-def pairwise_auc(s: torch.Tensor, y: torch.Tensor) -> float | None:
-    """P(a right answer's score beats a wrong one's), ties half; None without both kinds."""
-    pos, neg = s[y == 1], s[y == 0]
-    if len(pos) == 0 or len(neg) == 0:
-        return None
-    return ((pos[:, None] > neg[None, :]).float().mean() + 0.5 * (pos[:, None] == neg[None, :]).float().mean()).item()
-
-
 def auc(head, x, y) -> float | None:
     with torch.no_grad():
         return pairwise_auc(torch.sigmoid(head(x)), y)
@@ -121,7 +114,9 @@ def train_switcher(engine, reason_items: list[Item], chat_items: list[Item], out
 class _Capture:
     """Stands in for the verifier while collecting data: keeps each hidden state, returns its index as 'score'."""
 
-    combiner = None  # the candidates keep their captured indices as scores
+    @staticmethod
+    def combines(temperature) -> bool:  # the candidates keep their captured indices as scores
+        return False
 
     def __init__(self):
         self.rows: list[torch.Tensor] = []
@@ -188,6 +183,8 @@ def verifier_data(engine, items: list[Item], *, samples: int = 4, budget: int = 
 
 
 WEIGHT_DECAYS = (0.1, 1.0, 10.0, 30.0, 100.0)
+KEEP_MARGIN = 0.01
+"""Within-question AUC the combiner must add to the head's to be saved."""
 
 
 def group_split(groups: torch.Tensor, val_share: float, seed: int):
@@ -198,19 +195,6 @@ def group_split(groups: torch.Tensor, val_share: float, seed: int):
     tr = [i for i, g in enumerate(groups.tolist()) if g not in held]
     va = [i for i, g in enumerate(groups.tolist()) if g in held]
     return tr, va
-
-
-def question_folds(groups: torch.Tensor, folds: int, seed: int):
-    """(train, held-out) index lists of k folds by question (a question's answers stay on one side); folds with
-    nothing on either side are left out."""
-    ids = sorted(set(groups.tolist()))
-    random.Random(seed).shuffle(ids)
-    for k in range(folds):
-        held = set(ids[k::folds])
-        va = [i for i, g in enumerate(groups.tolist()) if g in held]
-        tr = [i for i, g in enumerate(groups.tolist()) if g not in held]
-        if va and tr:
-            yield tr, va
 
 
 def pick_weight_decay(x: torch.Tensor, y: torch.Tensor, groups: torch.Tensor, hidden_size: int, folds: int = 5,
@@ -303,7 +287,9 @@ def train_verifier(x: torch.Tensor, y: torch.Tensor, groups: torch.Tensor, out: 
         combiner = fit_combiner(torch.cat([(logits * cal["scale"] + cal["shift"])[:, None], extras.float()], 1),
                                 y, groups, seed=seed)
         head_auc = metrics["within_question_auc_oof"]["auc"] or 0.0
-        combiner["kept"] = combiner["within_question_auc_oof"] > head_auc
+        combiner["temperature"] = (source or {}).get("temperature", SAMPLING_TEMPERATURE)
+        # kept only when clearly better: its AUC is the best of a few L2 strengths, which flatters it a little
+        combiner["kept"] = combiner["within_question_auc_oof"] >= head_auc + KEEP_MARGIN
         metrics["combiner_fit"] = {k: v for k, v in combiner.items() if k not in ("mean", "std", "coef", "intercept")}
         if combiner["kept"]:
             config["combiner"] = combiner

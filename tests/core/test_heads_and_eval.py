@@ -72,17 +72,19 @@ def test_verifier_data_and_training(engine, tmp_path):
     items = [Item("What is 2+2?", "444", "gsm8k"), Item("What is 3+3?", "555", "gsm8k")]
     hook = engine.model.get_output_embeddings().register_forward_hook(says)
     saves = []
+    quiet = dict(samples=2, budget=4, answer_max_tokens=3, report=lambda m: None)
     try:
-        first = verifier_data(engine, items[:1], samples=2, budget=4, answer_max_tokens=3, report=lambda m: None,
-                              save=saves.append, save_every=1)
-        # resumed from the saved state: the first question is not sampled again
-        data = verifier_data(engine, items, samples=2, budget=4, answer_max_tokens=3, report=lambda m: None,
-                             start=saves[-1])
+        whole = verifier_data(engine, items, **quiet)
+        first = verifier_data(engine, items[:1], save=saves.append, save_every=1, **quiet)
+        # resumed from the saved state: the first question is not sampled again, the second as in one run
+        data = verifier_data(engine, items, start=saves[-1], **quiet)
     finally:
         hook.remove()
     assert first["done"] == 1 and [s["done"] for s in saves] == [1, 1] and data["done"] == 2
     x, y, groups, extras = data["x"], data["y"], data["groups"], data["extras"]
-    assert torch.equal(x[:2], first["x"])
+    assert torch.equal(y, whole["y"]) and torch.equal(groups, whole["groups"])
+    torch.testing.assert_close(x, whole["x"], atol=0.05, rtol=0.05)  # a prompt cache may round the last bits
+    torch.testing.assert_close(extras, whole["extras"], atol=0.02, rtol=0.02)
     assert x.shape == (4, 128) and groups.tolist() == [0, 0, 1, 1]
     # each question's two answers differ (444 / 555): a vote share of one half each; log-probs of sampled tokens
     assert extras[:, 2].tolist() == [0.5] * 4 and bool((extras[:, :2] <= 0).all())
@@ -239,6 +241,16 @@ def test_parallel_answers_are_scored_by_the_saved_combiner(engine):
         [combined_features(c.score, c.logprob_mean, c.logprob_lowest, s)
          for c, s in zip(before.candidates, shares, strict=True)])
     assert [c.score for c in after.candidates] == pytest.approx(want) != [c.score for c in before.candidates]
+    assert [c.head_score for c in after.candidates] == pytest.approx([c.score for c in before.candidates])
+    # a combiner fitted on answers sampled at 0.7 is not applied to answers sampled at 1.0 (its log-prob inputs
+    # shift with the temperature): the head's own scores stand
+    engine.verifier = Verifier(plain.head, {**plain.config, "combiner": {**combiner, "temperature": 0.7}})
+    try:
+        far = [e for e in engine.parallel("What is 2+3?", sampling, n=4, budget=4, answer_max_tokens=3)][-1].answer
+    finally:
+        engine.verifier = saved
+    assert [c.score for c in far.candidates] == pytest.approx([c.score for c in before.candidates])
+    assert all(c.head_score is None for c in far.candidates)
 
 
 def test_benefit_threshold_maximises_auto_accuracy_and_prefers_fewer_reason_routes():
