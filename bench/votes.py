@@ -30,6 +30,11 @@ def has_confidence(questions: list[dict]) -> bool:
     return all(c.get("logprob_lowest") is not None for q in questions for c in q["candidates"])
 
 
+def has_head_score(questions: list[dict]) -> bool:
+    """Whether the head's own score was saved beside a combined one (then `head` votes with it alone)."""
+    return all(c.get("head_score") is not None for q in questions for c in q["candidates"])
+
+
 def group_accuracy(candidates: list[dict], method: str) -> bool:
     """Is the answer `method` picks from these candidates right? (Equal answers share correctness.)"""
     if method in CONFIDENCE:
@@ -38,6 +43,8 @@ def group_accuracy(candidates: list[dict], method: str) -> bool:
             cut = sorted((c[key] for c in candidates), reverse=True)[(len(candidates) + 1) // 2 - 1]
             candidates = [c for c in candidates if c[key] >= cut]
         answers, scores, method = [c["answer"] for c in candidates], [math.exp(c[key]) for c in candidates], "weighted"
+    elif method == "head":
+        answers, scores, method = [c["answer"] for c in candidates], [c["head_score"] for c in candidates], "weighted"
     else:
         answers = [c["answer"] for c in candidates]
         scores = [1.0 if c["score"] is None else c["score"] for c in candidates]
@@ -47,7 +54,8 @@ def group_accuracy(candidates: list[dict], method: str) -> bool:
 
 def accuracy_at(questions: list[dict], k: int) -> dict:
     """Accuracy of each method and pass@k, averaged over disjoint groups of k candidates per question."""
-    methods = METHODS + (CONFIDENCE if has_confidence(questions) else ())
+    methods = METHODS + (CONFIDENCE if has_confidence(questions) else ()) + (
+        ("head",) if has_head_score(questions) else ())
     per_method = {m: [] for m in methods}
     passes = []
     for q in questions:
@@ -111,8 +119,9 @@ def main(argv=None) -> int:
     if previous.is_file() and "rescore" in (old := json.loads(previous.read_text())):
         result["rescore"] = old["rescore"]  # what `bench.rescore` said of this file stays with it
     (out / f"votes_{name}.json").write_text(json.dumps(result, indent=2) + "\n")
-    methods = METHODS + (CONFIDENCE if confident else ())
-    heads = {"best": "best-of-k", "confidence": "confidence (mean)", "lowest": "confidence (lowest window)",
+    methods = METHODS + (CONFIDENCE if confident else ()) + (("head",) if has_head_score(questions) else ())
+    heads = {"head": "weighted by the head alone",
+             "best": "best-of-k", "confidence": "confidence (mean)", "lowest": "confidence (lowest window)",
              "deepconf": "DeepConf (top half)"}
     lines = [f"Voting from `{args.result.name}` ({len(questions)} questions), disjoint groups of k candidates:", "",
              "| k | " + " | ".join(heads.get(m, m) for m in methods) + " | pass@k |",

@@ -82,7 +82,8 @@ def evaluate(engine, items, args) -> dict:
         if answer.candidates:
             row.update(score_candidates([{"answer": c.final_answer, "score": c.score, "text": c.text,
                                           "thinking": c.thinking, "thinking_tokens": c.thinking_tokens,
-                                          "logprob_mean": c.logprob_mean, "logprob_lowest": c.logprob_lowest}
+                                          "logprob_mean": c.logprob_mean, "logprob_lowest": c.logprob_lowest,
+                                          "head_score": c.head_score}
                                          for c in answer.candidates], item.gold))
         rows.append(row)
         if getattr(args, "out", None):  # a long run stopped early keeps what it measured

@@ -33,6 +33,8 @@ def main(argv: list[str]) -> int:
     else:
         p.add_argument("--data", action="append", required=True, help="GSM8K/MATH JSONL with reference answers")
         p.add_argument("--questions", type=int, default=60)
+        p.add_argument("--offset", type=int, default=None,
+                       help="take each file's rows from this one on, in order (default: a seeded sample)")
         p.add_argument("--samples", type=int, default=4)
         p.add_argument("--budget", type=int, default=256)
         p.add_argument("--features-cache", type=Path, default=None,
@@ -67,11 +69,15 @@ def main(argv: list[str]) -> int:
         if not engine.can_reason:
             raise ValueError("the verifier scores reasoning answers: install or train the reasoning adapter first")
         per_file = max(1, args.questions // len(args.data))
-        items = [i for f in args.data for i in load_items(f, per_file, shuffle_seed=args.seed)]
+        if args.offset is None:
+            items = [i for f in args.data for i in load_items(f, per_file, shuffle_seed=args.seed)]
+        else:
+            items = [i for f in args.data for i in load_items(f, per_file, offset=args.offset)]
         data = collect_verifier_data(engine, items, args, say)
         x, y, groups, sampling_seconds = data["x"], data["y"], data["groups"], data["seconds"]
         source = {"data": [f"{Path(f).parent.name}/{Path(f).name}" for f in args.data],
-                  "questions": args.questions, "samples": args.samples, "budget": args.budget, "seed": args.seed,
+                  "questions": args.questions, "offset": args.offset, "samples": args.samples,
+                  "budget": args.budget, "seed": args.seed,
                   "temperature": SAMPLING_TEMPERATURE, "top_p": SAMPLING_TOP_P,
                   "command": " ".join(["ponder", "train", what, *rest]),
                   "sampling_seconds": None if sampling_seconds is None else round(sampling_seconds)}
@@ -96,16 +102,18 @@ def collect_verifier_data(engine, items, args, say) -> dict:
     path = args.features_cache
     start, spent = None, 0.0
     made_by = {"data": json.dumps([str(f) for f in args.data]), "questions": str(args.questions),
+               "offset": str(args.offset),
                "samples": str(args.samples), "budget": str(args.budget), "seed": str(args.seed)}
     if path is not None and path.is_file():
         from safetensors import safe_open
 
         with safe_open(str(path), "pt") as f:
             meta = f.metadata() or {}
-        differ = [k for k, v in made_by.items() if k in meta and meta[k] != v]
+        differ = [k for k, v in made_by.items() if (k in meta or k == "offset") and meta.get(k, "None") != v]
         if differ:
+            found = ", ".join(f"{k}={meta.get(k, None)}" for k in differ)
             raise SystemExit(f"ponder train verifier: {path} was collected with other {', '.join(differ)} "
-                             f"({', '.join(f'{k}={meta[k]}' for k in differ)}); give another --features-cache")
+                             f"({found}); give another --features-cache")
         saved = load_file(str(path))
         spent = saved["seconds"].item() if "seconds" in saved else None
         done = int(saved["done"].item()) if "done" in saved else len(items)

@@ -272,3 +272,16 @@ def test_confidence_votes_from_saved_log_prob_statistics(tmp_path):
     # right candidates' means -0.1, -0.2 beat wrong -1.0, -1.2 but not -0.15 (-0.2 < -0.15): 5 of 6 pairs
     assert written["confidence_auc_within_question"] == {"logprob_mean": pytest.approx(5 / 6), "logprob_lowest": 1.0}
     assert "DeepConf (top half)" in (tmp_path / "votes_conf.md").read_text()
+
+
+def test_head_alone_votes_beside_the_combined_score():
+    from bench.votes import accuracy_at
+
+    def cand(answer, correct, combined, head):
+        return {"answer": answer, "score": combined, "head_score": head, "correct": correct}
+
+    # the combined score (which counts the vote share) follows the majority "5"; the head alone prefers "4"
+    q = {"candidates": [cand("5", False, 0.6, 0.1), cand("4", True, 0.2, 0.9), cand("5", False, 0.6, 0.2)]}
+    at3 = accuracy_at([q], 3)
+    assert at3["weighted@3"] == 0.0 and at3["head@3"] == 1.0 and at3["majority@3"] == 0.0
+    assert "head@3" not in accuracy_at([{"candidates": [cand("1", True, 0.5, None)] * 3}], 3)
