@@ -5,6 +5,10 @@ the same spec; fitting it here once takes that pass off the user's first launch,
 and runs GPTQ (core.loading.shipped_fpt_spec; the spec is used only for base weights whose source sha256 matches).
 
     python -m scripts.fit_fpt_spec --model qwen2.5-coder-0.5b-instruct
+    python -m scripts.fit_fpt_spec --model qwen2.5-coder-0.5b-instruct --train --out DIR   # trained (A.7)
+
+`--train` starts from the grid search's spec and trains each layer's scales on the same texts
+(models/fpt_training.py); it saves after every layer into --out and a rerun continues there.
 """
 from __future__ import annotations
 
@@ -13,11 +17,12 @@ import hashlib
 import json
 import sys
 import time
+from pathlib import Path
 
 import torch
 
 from bench.machine import cpu_name
-from core.loading import CALIBRATION_FILE, calibration_batches, load_plain, set_threads, source_sha256
+from core.loading import CALIBRATION_FILE, calibration_batches, load_plain, set_threads, shipped_fpt_spec, source_sha256
 from core.storage.model_store import ModelStore
 from core.storage.paths import resource_dir
 from models.fpt_calibration import calibrate
@@ -29,7 +34,18 @@ def main(argv=None) -> int:
     p.add_argument("--group", type=int, default=128)
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                    help="activations the statistics are collected in (float32: fast on every CPU)")
+    p.add_argument("--train", action="store_true", help="train the scales layer by layer (models/fpt_training.py)")
+    p.add_argument("--start", choices=("grid", "identity"), default="grid",
+                   help="--train's starting point: the grid search's spec (shipped one if present) or none")
+    p.add_argument("--steps", type=int, default=60, help="--train: Adam steps per layer")
+    p.add_argument("--lr", type=float, default=5e-3)
+    p.add_argument("--length", type=int, default=256, help="--train: tokens per training row")
+    p.add_argument("--out", type=Path, default=None,
+                   help="folder for the spec (default: resources/fpt/<model>; required with --train: a trained spec "
+                        "is shipped by copying its fpt.safetensors and provenance.json there once it measures better)")
     args = p.parse_args(argv)
+    if args.train and (args.out is None or args.group != 128):
+        p.error("--train needs --out DIR and group 128")
     installed = ModelStore().get(args.model)
     base = source_sha256(installed)
     if base is None:
@@ -39,23 +55,49 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
     model = load_plain(installed.hf_dir, dtype)
-    spec = calibrate(model, calibration_batches(installed.hf_dir), group=args.group, rotate=False)
+    folder = args.out or resource_dir() / "fpt" / installed.id
+    batches = calibration_batches(installed.hf_dir)
+    method = "grid-search calibration (models/fpt_calibration.py)"
+    extra = {}
+    if args.train:
+        from models.fpt_training import train_transforms
+
+        init = None
+        if args.start == "grid" and not (folder / "training" / "log.json").is_file():  # resuming: the state has it
+            init = grid_spec(installed) or calibrate(model, batches, group=args.group, rotate=False)
+        spec, log = train_transforms(model, batches, init, length=args.length, steps=args.steps, lr=args.lr,
+                                     state=folder / "training", report=lambda r: print(json.dumps(r), flush=True))
+        method = (f"trained layer by layer from the {args.start} spec (models/fpt_training.py): output MSE of each "
+                  "layer (int4 weights, int8 values) against the float layer, straight-through rounding")
+        extra = {"start": args.start, "steps_per_layer": args.steps, "lr": args.lr, "row_tokens": args.length,
+                 "layers_kept": sum(r["kept"] for r in log), "layer_seconds": round(sum(r["seconds"] for r in log), 1),
+                 "held_loss": [[round(r["held_loss_start"], 6), round(r["held_loss_trained"], 6)] for r in log]}
+    else:
+        spec = calibrate(model, batches, group=args.group, rotate=False)
     seconds = time.perf_counter() - start
-    folder = resource_dir() / "fpt" / installed.id
     folder.mkdir(parents=True, exist_ok=True)
     spec.save(folder)
     texts = (resource_dir() / "calibration" / CALIBRATION_FILE).read_bytes()
     provenance = {
-        "model": installed.id, "base_sha256": base, "method": "grid-search calibration (models/fpt_calibration.py)",
-        "rotation": False, "group_size": args.group, "activations": args.dtype,
+        "model": installed.id, "base_sha256": base, "method": method, **extra,
+        "rotation": False, "group_size": args.group, "activations": "float32" if args.train else args.dtype,
         "calibration_texts_sha256": hashlib.sha256(texts).hexdigest(),
-        "command": f"python -m scripts.fit_fpt_spec --model {installed.id} --group {args.group} --dtype {args.dtype}",
+        "command": "python -m scripts.fit_fpt_spec " + " ".join(argv if argv is not None else sys.argv[1:]),
         "cpu": cpu_name(), "torch": torch.__version__, "seconds": round(seconds, 1),
         "date": time.strftime("%Y-%m-%d"),
     }
     (folder / "provenance.json").write_text(json.dumps(provenance, indent=2) + "\n")
     print(json.dumps(provenance, indent=2))
     return 0
+
+
+def grid_spec(installed):
+    """The shipped spec when it is the grid search's (sha-checked), else None."""
+    try:
+        made = json.loads((resource_dir() / "fpt" / installed.id / "provenance.json").read_text())["method"]
+    except (OSError, ValueError, KeyError):
+        return None
+    return shipped_fpt_spec(installed) if made.startswith("grid") else None
 
 
 if __name__ == "__main__":

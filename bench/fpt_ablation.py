@@ -1,0 +1,105 @@
+"""What each part of W4-FPT does: `python -m bench.fpt_ablation [--model ID] [--trained DIR]`.
+
+Rows, all int4 at group 128 (LM head too) with a bf16 KV cache, built in this process from the bf16 weights:
+- `w4`: round to nearest on the min-max grid (the plain W4 row of `ponder bench quant`);
+- `w4 + grid T`: the shipped grid-searched transforms (resources/fpt/<model>), then round to nearest;
+- `w4 + trained T`: the trained transforms in --trained (scripts.fit_fpt_spec --train), then round to nearest;
+- `w4 + gptq`: GPTQ rounding without transforms;
+- `w4 + grid T + gptq`: the shipped W4-FPT (what `ponder quantize` makes);
+- `w4 + trained T + gptq`: the trained transforms under GPTQ.
+Per row: perplexity, top-1 agreement and mean KL against bf16 on `ponder bench quant`'s held text (GSM8K train
+solutions 1000-1039, MATH train 1000-1019, Alpaca 0-39; the transforms and GPTQ see GSM8K/MATH train rows
+3000-3031), and the share of W4's KL gap each closes. Decode speed is the same for every row (same kernels,
+same shapes): `ponder bench quant --decode` measures it. Results: bench/results/fpt_ablation_<model>.{json,md}.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from bench.machine import cpu_name
+from bench.quant import RESULTS, held_rows
+from bench.quant_fidelity import compare, log_probs
+from core.config import EngineConfig
+from core.loading import GPTQ_TOKENS, calibration_batches, load_plain, load_tokenizer, set_threads, shipped_fpt_spec
+from core.storage.model_store import ModelStore
+from models.fpt import FptSpec, apply_fpt
+from models.fpt_calibration import quantize_w4_fpt
+from models.quantization import quantize_model
+
+ROWS = ("w4", "w4 + grid T", "w4 + trained T", "w4 + gptq", "w4 + grid T + gptq", "w4 + trained T + gptq")
+
+
+def build(row: str, hf_dir: Path, specs: dict[str, FptSpec | None]):
+    """The quantized model of one row, from a fresh bf16 copy of the weights."""
+    plain = load_plain(hf_dir, torch.bfloat16)
+    kind = "trained" if "trained" in row else "grid" if "grid" in row else None
+    spec = specs.get(kind) if kind else None
+    if "gptq" in row:
+        return quantize_w4_fpt(plain, calibration_batches(hf_dir), 4, 128,
+                               spec=spec or FptSpec.identity(plain.config), gptq_tokens=GPTQ_TOKENS)
+    if spec is not None:
+        apply_fpt(plain.float(), spec)
+    return quantize_model(plain, 4, 4, 128)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.fpt_ablation", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=EngineConfig().model_id)
+    p.add_argument("--trained", type=Path, default=None, help="folder holding the trained spec (fpt.safetensors)")
+    p.add_argument("--rows", nargs="*", choices=ROWS, default=None, help="rows to measure (default: all there are)")
+    p.add_argument("--tag", default="", help="suffix of the result files")
+    args = p.parse_args(argv)
+    set_threads(None)
+    installed = ModelStore().get(args.model)
+    specs = {"grid": shipped_fpt_spec(installed), "trained": FptSpec.load(args.trained) if args.trained else None}
+    if args.trained and specs["trained"] is None:
+        raise SystemExit(f"no fpt.safetensors in {args.trained}")
+    rows = held_rows(load_tokenizer(installed.hf_dir))
+    name = f"fpt_ablation_{installed.id}{'_' + args.tag if args.tag else ''}"
+    path = RESULTS / f"{name}.json"
+    report = json.loads(path.read_text()) if path.is_file() else {"rows": {}}
+    if args.trained and report.get("trained_spec") not in (None, str(args.trained)):  # rows of another spec go
+        report["rows"] = {k: v for k, v in report["rows"].items() if "trained" not in k}
+    report.update({"model": installed.id, "cpu": cpu_name(), "date": time.strftime("%Y-%m-%d %H:%M"),
+                   "held_text": "GSM8K train 1000-1039, MATH train 1000-1019 solutions, Alpaca 0-39 outputs",
+                   "trained_spec": str(args.trained) if args.trained else report.get("trained_spec")})
+    if args.trained and (args.trained / "provenance.json").is_file():
+        report["trained_provenance"] = json.loads((args.trained / "provenance.json").read_text())
+    ref = log_probs(load_plain(installed.hf_dir, torch.bfloat16), "bf16", rows)
+    for row in args.rows or ROWS:
+        if ("trained" in row and specs["trained"] is None) or ("grid" in row and specs["grid"] is None):
+            print(f"{row}: skipped (no such spec for {installed.id})", file=sys.stderr)
+            continue
+        t = time.perf_counter()
+        model = build(row, installed.hf_dir, specs)
+        report["rows"][row] = {**compare(ref, log_probs(model, "bf16", rows), rows),
+                               "seconds": round(time.perf_counter() - t, 1)}
+        del model
+        print(row, json.dumps(report["rows"][row]), file=sys.stderr, flush=True)
+        path.write_text(json.dumps(report, indent=2))
+    path.with_suffix(".md").write_text(markdown(report))
+    print(markdown(report))
+    return 0
+
+
+def markdown(report: dict) -> str:
+    rows = report["rows"]
+    base = rows.get("w4", {}).get("mean_kl_nats")
+    lines = ["| row | ppl | top-1 agreement | mean KL | share of W4's KL gap closed |", "|---|---:|---:|---:|---:|"]
+    for key, r in rows.items():
+        closed = f"{(base - r['mean_kl_nats']) / base:.0%}" if base else ""
+        lines.append(f"| {key} | {r['perplexity']:.3f} | {r['top1_agreement']:.3f} | {r['mean_kl_nats']:.4f} | "
+                     f"{closed} |")
+    lines.append(f"\n{report['model']}; KL against bf16 on {report['held_text']} "
+                 f"({next(iter(rows.values()))['tokens'] if rows else 0} tokens); {report['cpu']}, {report['date']}.")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
