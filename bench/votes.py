@@ -35,6 +35,12 @@ def has_head_score(questions: list[dict]) -> bool:
     return all(c.get("head_score") is not None for q in questions for c in q["candidates"])
 
 
+def methods_of(questions: list[dict]) -> tuple[str, ...]:
+    """The votes these saved candidates support: always METHODS, then those whose inputs were saved."""
+    return METHODS + (CONFIDENCE if has_confidence(questions) else ()) + (
+        ("head",) if has_head_score(questions) else ())
+
+
 def group_accuracy(candidates: list[dict], method: str) -> bool:
     """Is the answer `method` picks from these candidates right? (Equal answers share correctness.)"""
     if method in CONFIDENCE:
@@ -54,8 +60,7 @@ def group_accuracy(candidates: list[dict], method: str) -> bool:
 
 def accuracy_at(questions: list[dict], k: int) -> dict:
     """Accuracy of each method and pass@k, averaged over disjoint groups of k candidates per question."""
-    methods = METHODS + (CONFIDENCE if has_confidence(questions) else ()) + (
-        ("head",) if has_head_score(questions) else ())
+    methods = methods_of(questions)
     per_method = {m: [] for m in methods}
     passes = []
     for q in questions:
@@ -119,7 +124,7 @@ def main(argv=None) -> int:
     if previous.is_file() and "rescore" in (old := json.loads(previous.read_text())):
         result["rescore"] = old["rescore"]  # what `bench.rescore` said of this file stays with it
     (out / f"votes_{name}.json").write_text(json.dumps(result, indent=2) + "\n")
-    methods = METHODS + (CONFIDENCE if confident else ()) + (("head",) if has_head_score(questions) else ())
+    methods = methods_of(questions)
     heads = {"head": "weighted by the head alone",
              "best": "best-of-k", "confidence": "confidence (mean)", "lowest": "confidence (lowest window)",
              "deepconf": "DeepConf (top half)"}

@@ -69,10 +69,9 @@ def main(argv: list[str]) -> int:
         if not engine.can_reason:
             raise ValueError("the verifier scores reasoning answers: install or train the reasoning adapter first")
         per_file = max(1, args.questions // len(args.data))
-        if args.offset is None:
-            items = [i for f in args.data for i in load_items(f, per_file, shuffle_seed=args.seed)]
-        else:
-            items = [i for f in args.data for i in load_items(f, per_file, offset=args.offset)]
+        ordered = args.offset is not None
+        items = [i for f in args.data for i in load_items(f, per_file, offset=args.offset or 0,
+                                                          shuffle_seed=None if ordered else args.seed)]
         data = collect_verifier_data(engine, items, args, say)
         x, y, groups, sampling_seconds = data["x"], data["y"], data["groups"], data["seconds"]
         source = {"data": [f"{Path(f).parent.name}/{Path(f).name}" for f in args.data],
