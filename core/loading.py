@@ -91,6 +91,9 @@ def load_model(model: InstalledModel, cfg: EngineConfig, progress: Progress | No
         return load_plain(model.hf_dir, torch.float32 if cfg.precision == "fp32" else torch.bfloat16)
     bits = 8 if cfg.precision == "w8" else 4
     qdir = quantized_dir(model, cfg.precision, cfg.head_bits, cfg.group_size)
+    if quant_info(qdir) is not None and not rebuild and cfg.precision == "w4-fpt" and _outdated_fpt(model, qdir):
+        log.warning("%s was prepared with other transforms than the ones shipped now; preparing it again", qdir)
+        rebuild = True
     if quant_info(qdir) is not None and not rebuild:
         try:
             return load_quantized(qdir)
@@ -110,6 +113,21 @@ def load_model(model: InstalledModel, cfg: EngineConfig, progress: Progress | No
     if progress:
         progress("quantize", 1, 1)
     return qmodel
+
+
+def _outdated_fpt(model: InstalledModel, qdir: Path) -> bool:
+    """Whether the W4-FPT weights in `qdir` were made with other transforms than the spec shipped for this model
+    (a release that ships better ones): they are prepared again, once. Weights calibrated here are kept."""
+    from models.fpt import FptSpec
+
+    shipped = shipped_fpt_spec(model)
+    if shipped is None:
+        return False
+    try:
+        cached = FptSpec.load(qdir)
+    except Exception:  # unreadable: the load below rebuilds it anyway
+        return False
+    return cached is None or not shipped.same_transforms(cached)
 
 
 def source_sha256(model: InstalledModel) -> str | None:

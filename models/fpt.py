@@ -81,6 +81,22 @@ class FptSpec:
                 tensors[f"{key}.{i}"] = t
         save_file({k: v.float().contiguous() for k, v in tensors.items()}, str(Path(folder) / SPEC_FILE))
 
+    def same_transforms(self, other: FptSpec) -> bool:
+        """Whether `other` merges the same scales and rotation (the folded norm weights, filled in while merging,
+        are not compared)."""
+        def listed(spec, key):
+            return [t.float() for t in getattr(spec, key)]
+
+        if (self.rotation is None) != (other.rotation is None) or (
+                self.rotation is not None and not torch.equal(self.rotation.float(), other.rotation.float())):
+            return False
+        for key in ("mlp_scale", "value_scale", "key_scale", "attn_input_scale", "mlp_input_scale"):
+            mine, theirs = listed(self, key), listed(other, key)
+            if len(mine) != len(theirs) or not all(
+                    a.shape == b.shape and torch.equal(a, b) for a, b in zip(mine, theirs, strict=True)):
+                return False
+        return True
+
     @classmethod
     def load(cls, folder: Path) -> FptSpec | None:
         from safetensors.torch import load_file

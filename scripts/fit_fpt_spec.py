@@ -35,8 +35,9 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                    help="activations the statistics are collected in (float32: fast on every CPU)")
     p.add_argument("--train", action="store_true", help="train the scales layer by layer (models/fpt_training.py)")
-    p.add_argument("--start", choices=("grid", "identity"), default="grid",
-                   help="--train's starting point: the grid search's spec (shipped one if present) or none")
+    p.add_argument("--start", default="grid",
+                   help="--train's starting point: grid (the grid search's spec, the shipped one if present), "
+                        "identity (none), or a folder holding a spec, e.g. a shorter run's, to train further")
     p.add_argument("--steps", type=int, default=60, help="--train: Adam steps per layer")
     p.add_argument("--lr", type=float, default=5e-3)
     p.add_argument("--length", type=int, default=256, help="--train: tokens per training row")
@@ -63,8 +64,15 @@ def main(argv=None) -> int:
         from models.fpt_training import train_transforms
 
         init = None
-        if args.start == "grid" and not (folder / "training" / "log.json").is_file():  # resuming: the state has it
-            init = grid_spec(installed) or calibrate(model, batches, group=args.group, rotate=False)
+        if not (folder / "training" / "log.json").is_file():  # resuming: the state has it
+            if args.start == "grid":
+                init = grid_spec(installed) or calibrate(model, batches, group=args.group, rotate=False)
+            elif args.start != "identity":
+                from models.fpt import FptSpec
+
+                init = FptSpec.load(Path(args.start))
+                if init is None:
+                    p.error(f"--start {args.start}: no spec there (fpt.safetensors)")
         spec, log = train_transforms(model, batches, init, length=args.length, steps=args.steps, lr=args.lr,
                                      state=folder / "training", report=lambda r: print(json.dumps(r), flush=True))
         method = (f"trained layer by layer from the {args.start} spec (models/fpt_training.py): output MSE of each "

@@ -108,8 +108,18 @@ def test_a_shipped_spec_is_used_only_for_the_weights_it_was_fitted_on(tiny_store
     monkeypatch.setattr(fpt_calibration, "calibrate", lambda *a, **k: calibrated.append(1) or real(*a, **k))
     model = load_model(m, EngineConfig(model_id="tiny-qwen2", precision="w4-fpt"))
     assert calibrated == [] and torch.equal(model.ponder_fpt.mlp_scale[0], spec.mlp_scale[0])
-    info = json.loads((quantized_dir(m, "w4-fpt", 4) / "ponder_quant.json").read_text())
+    qdir = quantized_dir(m, "w4-fpt", 4)
+    info = json.loads((qdir / "ponder_quant.json").read_text())
     assert len(info["codes_sha256"]) == 64
+    stamp = (qdir / "model.safetensors").stat().st_mtime_ns
+    load_model(m, EngineConfig(model_id="tiny-qwen2", precision="w4-fpt"))
+    assert (qdir / "model.safetensors").stat().st_mtime_ns == stamp  # the same spec: restored as it is
+    better = random_spec(load_plain(m.hf_dir, torch.bfloat16).config, seed=9)  # a release ships other transforms
+    better.save(folder)
+    model = load_model(m, EngineConfig(model_id="tiny-qwen2", precision="w4-fpt"))
+    assert (qdir / "model.safetensors").stat().st_mtime_ns != stamp and calibrated == []
+    assert torch.equal(model.ponder_fpt.mlp_scale[0], better.mlp_scale[0])
+    assert FptSpec.load(qdir).same_transforms(better) and not better.same_transforms(spec)
     (folder / "provenance.json").write_text(json.dumps({"base_sha256": "cd" * 32}))  # other weights
     assert loading.shipped_fpt_spec(m) is None
     load_model(m, EngineConfig(model_id="tiny-qwen2", precision="w4-fpt"), rebuild=True)
