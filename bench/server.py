@@ -5,7 +5,8 @@ Each client sends its requests one after another: short prompts, greedy, `max_to
 so every request costs the same tokens, streamed (so time to first token is measured too). The server decodes
 up to `--max-batch` requests together (default 4, as `ponder serve`): a request that arrives while others decode
 joins at the next step; `--max-batch 1` answers one at a time (FIFO), the comparison. `python -m bench.server
-[--max-tokens 32] [--model ID] [--max-batch N] [--tag T]`; writes bench/results/server[_T].json and .md with the
+[--max-tokens 32] [--model ID] [--max-batch N] [--rounds 3] [--tag T]`: the levels take turns, `--rounds` times,
+and each level's figures pool its rounds; writes bench/results/server[_T].json and .md with the
 CPU name, load average and date.
 """
 from __future__ import annotations
@@ -73,7 +74,8 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def run_level(url: str, model: str, clients: int, per_client: int, max_tokens: int) -> dict:
+def run_level(url: str, model: str, clients: int, per_client: int, max_tokens: int) -> tuple[list[dict], float]:
+    """One level once: every request's record and the wall time it took."""
     def client_run(k: int) -> list[dict]:
         with httpx.Client(base_url=url, timeout=3600) as client:
             return [one_request(client, model, PROMPTS[(k + i) % len(PROMPTS)], max_tokens) for i in range(per_client)]
@@ -81,11 +83,18 @@ def run_level(url: str, model: str, clients: int, per_client: int, max_tokens: i
     start = time.perf_counter()
     with ThreadPoolExecutor(clients) as pool:
         results = [r for rs in pool.map(client_run, range(clients)) for r in rs]
-    wall = time.perf_counter() - start
+    return results, time.perf_counter() - start
+
+
+def summarise(clients: int, runs: list[tuple[list[dict], float]]) -> dict:
+    """A level over its rounds: requests/s over the summed wall time, latencies pooled, and each round's rate."""
+    results = [r for rs, _ in runs for r in rs]
+    wall = sum(w for _, w in runs)
     latencies = [r["latency_s"] for r in results]
     ttfts = [r["ttft_s"] for r in results if r["ttft_s"] is not None]
     return {"clients": clients, "requests": len(results), "wall_s": round(wall, 2),
             "requests_per_s": round(len(results) / wall, 3),
+            "rounds_requests_per_s": [round(len(rs) / w, 3) for rs, w in runs],
             "tokens_per_s": round(sum(r["tokens"] for r in results) / wall, 2),
             "p50_s": round(statistics.median(latencies), 2), "p95_s": round(percentile(latencies, 0.95), 2),
             "ttft_p50_s": round(statistics.median(ttfts), 2) if ttfts else None,
@@ -98,9 +107,13 @@ def markdown(result: dict) -> str:
     for r in result["levels"]:
         lines.append(f"| {r['clients']} | {r['requests']} | {r['requests_per_s']:.3f} | {r['tokens_per_s']:.1f} | "
                      f"{r['p50_s']:.2f} | {r['p95_s']:.2f} | {r['ttft_p50_s']:.2f} | {r['ttft_p95_s']:.2f} |")
-    by_clients = {r["clients"]: r["requests_per_s"] for r in result["levels"]}
+    by_clients = {r["clients"]: r for r in result["levels"]}
     if 1 in by_clients and 4 in by_clients:
-        lines += ["", f"4 clients against 1: **{by_clients[4] / by_clients[1]:.2f}×** the requests/s."]
+        ratio = by_clients[4]["requests_per_s"] / by_clients[1]["requests_per_s"]
+        rounds = [f"{a / b:.2f}" for a, b in zip(by_clients[4].get("rounds_requests_per_s", []),
+                                                by_clients[1].get("rounds_requests_per_s", []), strict=False)]
+        lines += ["", f"4 clients against 1: **{ratio:.2f}×** the requests/s over {len(rounds)} rounds"
+                  + (f" (round by round: {', '.join(rounds)}×)." if len(rounds) > 1 else ".")]
     lines += ["", f"`ponder serve --max-batch {result.get('max_batch', 1)}` ({result['model']}, W4, int8 KV), "
               f"{result['max_tokens']} greedy tokens per request "
               f"(ignore_eos), streamed; {result['cpu']}, {result['cpus']} CPUs, load average "
@@ -113,23 +126,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default=DEFAULT_MODEL_ID)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--max-batch", type=int, default=4, help="the server's --max-batch (default 4)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="times every level runs, the levels taking turns (a 2-core host's speed drifts minute "
+                             "to minute; interleaved rounds share the drift between levels)")
     parser.add_argument("--tag", default="", help="suffix of the result files")
     parser.add_argument("--json", action="store_true", help="print the JSON result")
     args = parser.parse_args(argv)
     load_before = [round(x, 2) for x in os.getloadavg()]
     proc, url = start_server(args.model, args.max_batch)
     result = {"model": args.model, "max_tokens": args.max_tokens, "max_batch": args.max_batch, "levels": [],
+              "rounds": args.rounds,
               "tag": args.tag, "cpu": cpu_name(),
               "cpus": os.cpu_count(), "load_before": load_before, "python": platform.python_version()}
     try:
         with httpx.Client(base_url=url, timeout=3600) as client:
             one_request(client, args.model, "Hi", 4)  # warm-up: first-call kernel and cache setup
-        for clients, per_client in LEVELS:
-            result["levels"].append(run_level(url, args.model, clients, per_client, args.max_tokens))
-            result.update(load_after=[round(x, 2) for x in os.getloadavg()],
-                          date=datetime.now().strftime("%Y-%m-%d %H:%M"))
-            save(result)  # after each level, so a long run keeps what it measured
-            print(json.dumps(result["levels"][-1]), file=sys.stderr, flush=True)
+        runs: dict[int, list] = {clients: [] for clients, _ in LEVELS}
+        for _ in range(args.rounds):
+            for clients, per_client in LEVELS:
+                runs[clients].append(run_level(url, args.model, clients, per_client, args.max_tokens))
+                result["levels"] = [summarise(c, r) for c, r in runs.items() if r]
+                result.update(load_after=[round(x, 2) for x in os.getloadavg()],
+                              date=datetime.now().strftime("%Y-%m-%d %H:%M"))
+                save(result)  # after each level, so a long run keeps what it measured
+                print(json.dumps(summarise(clients, runs[clients][-1:])), file=sys.stderr, flush=True)
     finally:
         proc.terminate()
         proc.wait(30)
