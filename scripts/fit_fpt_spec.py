@@ -6,9 +6,11 @@ and runs GPTQ (core.loading.shipped_fpt_spec; the spec is used only for base wei
 
     python -m scripts.fit_fpt_spec --model qwen2.5-coder-0.5b-instruct
     python -m scripts.fit_fpt_spec --model qwen2.5-coder-0.5b-instruct --train --out DIR   # trained (A.7)
+    python -m scripts.fit_fpt_spec --model qwen2.5-coder-0.5b-instruct --end-to-end --start DIR --out DIR2
 
 `--train` starts from the grid search's spec and trains each layer's scales on the same texts
-(models/fpt_training.py); it saves after every layer into --out and a rerun continues there.
+(models/fpt_training.py); it saves after every layer into --out and a rerun continues there. `--end-to-end`
+then trains all layers' scales together against the float model's outputs (models/fpt_end_to_end.py).
 """
 from __future__ import annotations
 
@@ -35,6 +37,10 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                    help="activations the statistics are collected in (float32: fast on every CPU)")
     p.add_argument("--train", action="store_true", help="train the scales layer by layer (models/fpt_training.py)")
+    p.add_argument("--end-to-end", action="store_true",
+                   help="train every layer's scales together against the float model's outputs "
+                        "(models/fpt_end_to_end.py), from --start; --steps are then optimizer steps of --batch rows")
+    p.add_argument("--batch", type=int, default=2, help="--end-to-end: rows of --length tokens a step")
     p.add_argument("--start", default="grid",
                    help="--train's starting point: grid (the grid search's spec, the shipped one if present), "
                         "identity (none), or a folder holding a spec, e.g. a shorter run's, to train further")
@@ -45,8 +51,10 @@ def main(argv=None) -> int:
                    help="folder for the spec (default: resources/fpt/<model>; required with --train: a trained spec "
                         "is shipped by copying its fpt.safetensors and provenance.json there once it measures better)")
     args = p.parse_args(argv)
-    if args.train and (args.out is None or args.group != 128):
-        p.error("--train needs --out DIR and group 128")
+    if (args.train or args.end_to_end) and (args.out is None or args.group != 128):
+        p.error("--train and --end-to-end need --out DIR and group 128")
+    if args.train and args.end_to_end:
+        p.error("--train and --end-to-end are separate runs: train layer by layer first, then --start its --out")
     installed = ModelStore().get(args.model)
     base = source_sha256(installed)
     if base is None:
@@ -65,14 +73,7 @@ def main(argv=None) -> int:
 
         init = None
         if not (folder / "training" / "log.json").is_file():  # resuming: the state has it
-            if args.start == "grid":
-                init = grid_spec(installed) or calibrate(model, batches, group=args.group, rotate=False)
-            elif args.start != "identity":
-                from models.fpt import FptSpec
-
-                init = FptSpec.load(Path(args.start))
-                if init is None:
-                    p.error(f"--start {args.start}: no spec there (fpt.safetensors)")
+            init = start_spec(p, args.start, installed, model, batches)
         spec, log = train_transforms(model, batches, init, length=args.length, steps=args.steps, lr=args.lr,
                                      state=folder / "training", report=lambda r: print(json.dumps(r), flush=True))
         method = (f"trained layer by layer from the {args.start} spec (models/fpt_training.py): output MSE of each "
@@ -80,6 +81,19 @@ def main(argv=None) -> int:
         extra = {"start": args.start, "steps_per_layer": args.steps, "lr": args.lr, "row_tokens": args.length,
                  "layers_kept": sum(r["kept"] for r in log), "layer_seconds": round(sum(r["seconds"] for r in log), 1),
                  "held_loss": [[round(r["held_loss_start"], 6), round(r["held_loss_trained"], 6)] for r in log]}
+    elif args.end_to_end:
+        from models.fpt_end_to_end import train_end_to_end
+
+        init = start_spec(p, args.start, installed, model, batches)
+        spec, log = train_end_to_end(model, batches, init, length=args.length, steps=args.steps, batch=args.batch,
+                                     lr=args.lr, state=folder / "end_to_end",
+                                     report=lambda r: print(json.dumps(r), flush=True))
+        method = (f"trained end to end from the {args.start} spec (models/fpt_end_to_end.py): KL of the quantized "
+                  "model (int4 weights, int8 values) to the float model, straight-through rounding")
+        extra = {"start": args.start, "steps": args.steps, "batch_rows": args.batch, "lr": args.lr,
+                 "row_tokens": args.length, "kept": log["kept"], "held_kl": [round(log["held_kl_start"], 6),
+                                                                             round(log["held_kl_trained"], 6)],
+                 "train_seconds": log["seconds"]}
     else:
         spec = calibrate(model, batches, group=args.group, rotate=False)
     seconds = time.perf_counter() - start
@@ -88,7 +102,8 @@ def main(argv=None) -> int:
     texts = (resource_dir() / "calibration" / CALIBRATION_FILE).read_bytes()
     provenance = {
         "model": installed.id, "base_sha256": base, "method": method, **extra,
-        "rotation": False, "group_size": args.group, "activations": "float32" if args.train else args.dtype,
+        "rotation": False, "group_size": args.group,
+        "activations": "float32" if args.train or args.end_to_end else args.dtype,
         "calibration_texts_sha256": hashlib.sha256(texts).hexdigest(),
         "command": "python -m scripts.fit_fpt_spec " + " ".join(argv if argv is not None else sys.argv[1:]),
         "cpu": cpu_name(), "torch": torch.__version__, "seconds": round(seconds, 1),
@@ -97,6 +112,20 @@ def main(argv=None) -> int:
     (folder / "provenance.json").write_text(json.dumps(provenance, indent=2) + "\n")
     print(json.dumps(provenance, indent=2))
     return 0
+
+
+def start_spec(p, start: str, installed, model, batches):
+    """The spec a training run starts from: grid, identity (None) or the spec in folder `start`."""
+    from models.fpt import FptSpec
+
+    if start == "grid":
+        return grid_spec(installed) or calibrate(model, batches, group=128, rotate=False)
+    if start == "identity":
+        return FptSpec.identity(model.config)
+    spec = FptSpec.load(Path(start))
+    if spec is None:
+        p.error(f"--start {start}: no spec there (fpt.safetensors)")
+    return spec
 
 
 def grid_spec(installed):

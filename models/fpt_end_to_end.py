@@ -1,0 +1,114 @@
+"""The end-to-end stage of the FPTQuant° transforms (paper A.7): every layer's scales trained together so that the
+quantized model's next-token distribution matches the float model's.
+
+The layer-by-layer stage (models/fpt_training.py) brings each quantized layer's output close to the float layer's
+on the calibration texts; that need not make the whole model answer better (dev GSM8K did not move with it on the
+0.5B, docs/results.md). This stage optimises what the paper's second stage does, the model's output: the mean KL
+from the float model's next-token distribution to the quantized model's (int4 weights with a straight-through
+rounding, int8 values as the KV cache stores them; the LM head kept float, since no trained scale reaches it),
+over the calibration rows, the first position of each row left out. Trained: the same four scales per layer, as
+logs, with Adam. One row in eight is held out; the spec is kept only if it lowers their KL against the start.
+The spec and log are saved every `save_every` steps (atomically); a rerun with the same settings continues from
+the last save (Adam's moments start again there).
+"""
+from __future__ import annotations
+
+import copy
+import json
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .fpt import FptSpec
+from .fpt_training import GROUP, HELD_OUT, TRAINED, _save, chunks, layer_context, layer_params, run_layer
+
+
+def _student(model: nn.Module, spec: FptSpec, rows: torch.Tensor, context: tuple) -> torch.Tensor:
+    """Next-token log-probabilities of the quantized model with `spec` merged (differentiable in its scales)."""
+    x = model.model.embed_tokens(rows)
+    for index, layer in enumerate(model.model.layers):
+        x = run_layer(layer, layer_params(layer, spec, model.config, index, quantize=True), x, context, kv8=True)
+    return F.log_softmax(model.lm_head(model.model.norm(x)).float(), dim=-1)
+
+
+@torch.no_grad()
+def _teacher(model: nn.Module, rows: torch.Tensor) -> torch.Tensor:
+    return F.log_softmax(model(input_ids=rows).logits.float(), dim=-1)
+
+
+def _kl(teacher: torch.Tensor, student: torch.Tensor) -> torch.Tensor:
+    """Mean KL(teacher || student) per position, the first position of each row left out."""
+    t, s = teacher[:, 1:], student[:, 1:]
+    return (t.exp() * (t - s)).sum(-1).mean()
+
+
+def _spec_of(spec: FptSpec, logs: dict[str, list[torch.Tensor]]) -> FptSpec:
+    view = copy.copy(spec)
+    for name, values in logs.items():
+        setattr(view, name, [v.exp() for v in values])
+    return view
+
+
+def held_kl(model: nn.Module, spec: FptSpec, rows: torch.Tensor, batch: int) -> float:
+    """Mean KL of the quantized model with `spec` to the float model over `rows`."""
+    total = 0.0
+    with torch.no_grad():
+        for i in range(0, len(rows), batch):
+            part = rows[i:i + batch]
+            context = layer_context(model, model.model.embed_tokens(part))
+            total += float(_kl(_teacher(model, part), _student(model, spec, part, context))) * len(part)
+    return total / len(rows)
+
+
+def train_end_to_end(model: nn.Module, batches: list[torch.Tensor], spec: FptSpec, *, length: int = 256,
+                     steps: int = 60, batch: int = 2, lr: float = 2e-3, seed: int = 0, save_every: int = 5,
+                     state: Path | None = None, report=None) -> tuple[FptSpec, dict]:
+    """Train all layers' scales of `model` (untransformed) from `spec` (no rotation) against the float model's
+    outputs; returns the spec kept (trained if it beats `spec` on the held-out rows, else `spec`) and the log."""
+    if spec.rotation is not None:
+        raise ValueError("trained transforms start from a spec without the residual rotation")
+    config = model.config
+    settings = {"stage": "end-to-end", "length": length, "steps": steps, "batch": batch, "lr": lr, "seed": seed,
+                "group": GROUP}
+    start_spec, done, losses = copy.deepcopy(spec), 0, []
+    if state is not None and (state / "log.json").is_file():
+        record = json.loads((state / "log.json").read_text())
+        if record.get("settings") != settings:
+            raise ValueError(f"{state} holds a run with other settings ({record.get('settings')}); use another")
+        spec = FptSpec.load(state)
+        if spec is None:
+            raise ValueError(f"{state} has a log but no spec: remove the folder to start again")
+        done, losses = record["steps_done"], record["losses"]
+    model.float().requires_grad_(False)
+    rows = chunks(batches, length, config.eos_token_id if isinstance(config.eos_token_id, int) else 0)
+    held = torch.arange(len(rows)) % HELD_OUT == HELD_OUT - 1
+    train_rows, held_rows = rows[~held], rows[held]
+    logs = {name: [v.float().log().clone().requires_grad_(True) for v in getattr(spec, name)] for name in TRAINED}
+    opt = torch.optim.Adam([v for values in logs.values() for v in values], lr=lr)
+    context = layer_context(model, model.model.embed_tokens(train_rows[:batch]))
+    gen = torch.Generator().manual_seed(seed)
+    order = [torch.randperm(len(train_rows), generator=gen)[:batch] for _ in range(steps)]  # the same on a rerun
+    t = time.perf_counter()
+    for step in range(done, steps):
+        part = train_rows[order[step]]
+        loss = _kl(_teacher(model, part), _student(model, _spec_of(spec, logs), part, context))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(round(loss.item(), 6))
+        if report:
+            report({"step": step + 1, "kl": losses[-1], "seconds": round(time.perf_counter() - t, 1)})
+        if state is not None and ((step + 1) % save_every == 0 or step + 1 == steps):
+            with torch.no_grad():
+                _save(state, _spec_of(spec, logs), {"settings": settings, "steps_done": step + 1, "losses": losses})
+    with torch.no_grad():
+        trained = _spec_of(spec, logs)
+        for name in TRAINED:
+            setattr(trained, name, [v.detach() for v in getattr(trained, name)])
+    before, after = held_kl(model, start_spec, held_rows, batch), held_kl(model, trained, held_rows, batch)
+    log = {"steps": steps, "losses": losses, "held_kl_start": before, "held_kl_trained": after,
+           "kept": after < before, "seconds": round(time.perf_counter() - t, 1)}
+    return (trained if after < before else start_spec), log

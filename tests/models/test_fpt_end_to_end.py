@@ -1,0 +1,50 @@
+"""The end-to-end stage of the trained transforms on the tiny model: it lowers the held-out KL of the quantized
+model to the float one, the spec stays an exact rewrite of the float model, and an interrupted run resumes."""
+import json
+
+import pytest
+import torch
+
+from models.fpt import FptSpec, apply_fpt
+from models.fpt_end_to_end import held_kl, train_end_to_end
+from models.fpt_training import HELD_OUT, chunks
+from tests.models.test_fpt import float_model, run
+from tests.models.test_fpt_training import calibration_texts
+
+
+def test_end_to_end_training_lowers_held_out_kl_and_keeps_the_float_function(tmp_path):
+    model = float_model()
+    ids = torch.randint(0, 448, (1, 30))
+    before = run(model, ids).logits
+    start = FptSpec.identity(model.config)
+    state = tmp_path / "state"
+    spec, log = train_end_to_end(float_model(), calibration_texts(), start, length=48, steps=8, batch=2, lr=1e-2,
+                                 save_every=3, state=state)
+    assert log["kept"] and log["held_kl_trained"] < log["held_kl_start"] and len(log["losses"]) == 8
+    rows = chunks(calibration_texts(), 48, model.config.eos_token_id)
+    held = rows[torch.arange(len(rows)) % HELD_OUT == HELD_OUT - 1]
+    assert held_kl(float_model(), spec, held, 2) == pytest.approx(log["held_kl_trained"], rel=1e-5)
+    assert any(not torch.equal(a, b) for a, b in zip(spec.mlp_scale, start.mlp_scale, strict=True))
+    after = run(apply_fpt(model, spec), ids).logits  # still an exact rewrite of the float model
+    torch.testing.assert_close(after, before, atol=2e-4, rtol=1e-4)
+
+    # a run stopped after its sixth step (saved at 3 and 6) continues from the sixth on a rerun
+    class Stop(Exception):
+        pass
+
+    def stop_at_7(row):
+        if row["step"] == 7:
+            raise Stop
+
+    other = tmp_path / "other"
+    with pytest.raises(Stop):
+        train_end_to_end(float_model(), calibration_texts(), start, length=48, steps=8, batch=2, lr=1e-2,
+                         save_every=3, state=other, report=stop_at_7)
+    assert json.loads((other / "log.json").read_text())["steps_done"] == 6
+    seen = []
+    again, log2 = train_end_to_end(float_model(), calibration_texts(), start, length=48, steps=8, batch=2, lr=1e-2,
+                                   save_every=3, state=other, report=seen.append)
+    assert [r["step"] for r in seen] == [7, 8] and log2["losses"][:6] == log["losses"][:6]
+    assert json.loads((other / "log.json").read_text())["steps_done"] == 8
+    with pytest.raises(ValueError, match="other settings"):
+        train_end_to_end(float_model(), calibration_texts(), start, length=48, steps=5, state=other)
