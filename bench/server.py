@@ -5,9 +5,9 @@ Each client sends its requests one after another: short prompts, greedy, `max_to
 so every request costs the same tokens, streamed (so time to first token is measured too). The server decodes
 up to `--max-batch` requests together (default 4, as `ponder serve`): a request that arrives while others decode
 joins at the next step; `--max-batch 1` answers one at a time (FIFO), the comparison. `python -m bench.server
-[--max-tokens 32] [--model ID] [--max-batch N] [--rounds 3] [--tag T]`: the levels take turns, `--rounds` times,
-and each level's figures pool its rounds; writes bench/results/server[_T].json and .md with the
-CPU name, load average and date.
+[--max-tokens 32] [--model ID] [--max-batch N] [--rounds 3] [--tag T]`: the levels take turns, `--rounds` times
+(in reverse order every other round), and each level's figures pool its rounds; writes
+bench/results/server[_T].json and .md with the CPU name, load average and date.
 """
 from __future__ import annotations
 
@@ -112,7 +112,7 @@ def markdown(result: dict) -> str:
         ratio = by_clients[4]["requests_per_s"] / by_clients[1]["requests_per_s"]
         rounds = [f"{a / b:.2f}" for a, b in zip(by_clients[4].get("rounds_requests_per_s", []),
                                                 by_clients[1].get("rounds_requests_per_s", []), strict=False)]
-        lines += ["", f"4 clients against 1: **{ratio:.2f}×** the requests/s over {len(rounds)} rounds"
+        lines += ["", f"4 clients against 1: **{ratio:.2f}×** the requests/s"
                   + (f" (round by round: {', '.join(rounds)}×)." if len(rounds) > 1 else ".")]
     lines += ["", f"`ponder serve --max-batch {result.get('max_batch', 1)}` ({result['model']}, W4, int8 KV), "
               f"{result['max_tokens']} greedy tokens per request "
@@ -132,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tag", default="", help="suffix of the result files")
     parser.add_argument("--json", action="store_true", help="print the JSON result")
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     load_before = [round(x, 2) for x in os.getloadavg()]
     proc, url = start_server(args.model, args.max_batch)
     result = {"model": args.model, "max_tokens": args.max_tokens, "max_batch": args.max_batch, "levels": [],
@@ -142,8 +144,8 @@ def main(argv: list[str] | None = None) -> int:
         with httpx.Client(base_url=url, timeout=3600) as client:
             one_request(client, args.model, "Hi", 4)  # warm-up: first-call kernel and cache setup
         runs: dict[int, list] = {clients: [] for clients, _ in LEVELS}
-        for _ in range(args.rounds):
-            for clients, per_client in LEVELS:
+        for round_ in range(args.rounds):
+            for clients, per_client in LEVELS if round_ % 2 == 0 else LEVELS[::-1]:  # each level after each other
                 runs[clients].append(run_level(url, args.model, clients, per_client, args.max_tokens))
                 result["levels"] = [summarise(c, r) for c, r in runs.items() if r]
                 result.update(load_after=[round(x, 2) for x in os.getloadavg()],

@@ -14,6 +14,7 @@ the last save (Adam's moments start again there).
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import time
 from pathlib import Path
@@ -21,17 +22,35 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from .fpt import FptSpec
 from .fpt_training import GROUP, HELD_OUT, TRAINED, _save, chunks, layer_context, layer_params, run_layer
 
 
 def _student(model: nn.Module, spec: FptSpec, rows: torch.Tensor, context: tuple) -> torch.Tensor:
-    """Next-token log-probabilities of the quantized model with `spec` merged (differentiable in its scales)."""
+    """Next-token log-probabilities of the quantized model with `spec` merged (differentiable in its scales).
+    Each layer is recomputed in the backward pass instead of keeping its merged, rounded weights and activations
+    (torch.utils.checkpoint): the graph then holds one layer's at a time, as the layer-by-layer stage does."""
+    def layer_out(index: int, x: torch.Tensor, *scales: torch.Tensor) -> torch.Tensor:
+        layer = model.model.layers[index]
+        return run_layer(layer, layer_params(layer, spec, model.config, index, quantize=True), x, context, kv8=True)
+
     x = model.model.embed_tokens(rows)
-    for index, layer in enumerate(model.model.layers):
-        x = run_layer(layer, layer_params(layer, spec, model.config, index, quantize=True), x, context, kv8=True)
+    for index in range(len(model.model.layers)):
+        scales = [getattr(spec, name)[index] for name in TRAINED]  # inputs, so that their gradients flow back
+        x = checkpoint(layer_out, index, x, *scales, use_reentrant=False) if torch.is_grad_enabled() else \
+            layer_out(index, x)
     return F.log_softmax(model.lm_head(model.model.norm(x)).float(), dim=-1)
+
+
+def spec_sha256(spec: FptSpec) -> str:
+    """A fingerprint of the scales a run starts from (part of its settings: a rerun from another start is refused)."""
+    h = hashlib.sha256()
+    for name in TRAINED:
+        for t in getattr(spec, name):
+            h.update(t.float().contiguous().numpy().tobytes())
+    return h.hexdigest()
 
 
 @torch.no_grad()
@@ -72,8 +91,8 @@ def train_end_to_end(model: nn.Module, batches: list[torch.Tensor], spec: FptSpe
         raise ValueError("trained transforms start from a spec without the residual rotation")
     config = model.config
     settings = {"stage": "end-to-end", "length": length, "steps": steps, "batch": batch, "lr": lr, "seed": seed,
-                "group": GROUP}
-    start_spec, done, losses = copy.deepcopy(spec), 0, []
+                "group": GROUP, "start_sha256": spec_sha256(spec)}
+    start_spec, done, losses, seconds = copy.deepcopy(spec), 0, [], 0.0
     if state is not None and (state / "log.json").is_file():
         record = json.loads((state / "log.json").read_text())
         if record.get("settings") != settings:
@@ -81,11 +100,14 @@ def train_end_to_end(model: nn.Module, batches: list[torch.Tensor], spec: FptSpe
         spec = FptSpec.load(state)
         if spec is None:
             raise ValueError(f"{state} has a log but no spec: remove the folder to start again")
-        done, losses = record["steps_done"], record["losses"]
+        done, losses, seconds = record["steps_done"], record["losses"], record.get("seconds", 0.0)
     model.float().requires_grad_(False)
     rows = chunks(batches, length, config.eos_token_id if isinstance(config.eos_token_id, int) else 0)
     held = torch.arange(len(rows)) % HELD_OUT == HELD_OUT - 1
     train_rows, held_rows = rows[~held], rows[held]
+    if len(held_rows) == 0 or len(train_rows) < batch:
+        raise ValueError(f"the calibration texts make {len(rows)} rows of {length} tokens: too few to hold one in "
+                         f"{HELD_OUT} out and train on {batch} a step")
     logs = {name: [v.float().log().clone().requires_grad_(True) for v in getattr(spec, name)] for name in TRAINED}
     opt = torch.optim.Adam([v for values in logs.values() for v in values], lr=lr)
     context = layer_context(model, model.model.embed_tokens(train_rows[:batch]))
@@ -103,12 +125,13 @@ def train_end_to_end(model: nn.Module, batches: list[torch.Tensor], spec: FptSpe
             report({"step": step + 1, "kl": losses[-1], "seconds": round(time.perf_counter() - t, 1)})
         if state is not None and ((step + 1) % save_every == 0 or step + 1 == steps):
             with torch.no_grad():
-                _save(state, _spec_of(spec, logs), {"settings": settings, "steps_done": step + 1, "losses": losses})
+                _save(state, _spec_of(spec, logs), {"settings": settings, "steps_done": step + 1, "losses": losses,
+                                                    "seconds": round(seconds + time.perf_counter() - t, 1)})
     with torch.no_grad():
         trained = _spec_of(spec, logs)
         for name in TRAINED:
             setattr(trained, name, [v.detach() for v in getattr(trained, name)])
     before, after = held_kl(model, start_spec, held_rows, batch), held_kl(model, trained, held_rows, batch)
     log = {"steps": steps, "losses": losses, "held_kl_start": before, "held_kl_trained": after,
-           "kept": after < before, "seconds": round(time.perf_counter() - t, 1)}
+           "kept": after < before, "seconds": round(seconds + time.perf_counter() - t, 1)}
     return (trained if after < before else start_spec), log

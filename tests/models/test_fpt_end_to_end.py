@@ -45,6 +45,11 @@ def test_end_to_end_training_lowers_held_out_kl_and_keeps_the_float_function(tmp
     again, log2 = train_end_to_end(float_model(), calibration_texts(), start, length=48, steps=8, batch=2, lr=1e-2,
                                    save_every=3, state=other, report=seen.append)
     assert [r["step"] for r in seen] == [7, 8] and log2["losses"][:6] == log["losses"][:6]
+    # step 7 resumes from the spec saved at step 6 on the same rows: the same loss as the uninterrupted run
+    assert log2["losses"][6] == pytest.approx(log["losses"][6], rel=1e-4)
     assert json.loads((other / "log.json").read_text())["steps_done"] == 8
     with pytest.raises(ValueError, match="other settings"):
         train_end_to_end(float_model(), calibration_texts(), start, length=48, steps=5, state=other)
+    with pytest.raises(ValueError, match="other settings"):  # the same settings from another start
+        train_end_to_end(float_model(), calibration_texts(), spec, length=48, steps=8, batch=2, lr=1e-2,
+                         save_every=3, state=other)
