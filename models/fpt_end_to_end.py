@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import json
 import time
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .fpt import FptSpec
-from .fpt_training import GROUP, HELD_OUT, TRAINED, _save, chunks, layer_context, layer_params, run_layer
+from .fpt_training import GROUP, HELD_OUT, TRAINED, _save, chunks, layer_context, layer_params, resume, run_layer
 
 
 def _student(model: nn.Module, spec: FptSpec, rows: torch.Tensor, context: tuple) -> torch.Tensor:
@@ -93,13 +92,9 @@ def train_end_to_end(model: nn.Module, batches: list[torch.Tensor], spec: FptSpe
     settings = {"stage": "end-to-end", "length": length, "steps": steps, "batch": batch, "lr": lr, "seed": seed,
                 "group": GROUP, "start_sha256": spec_sha256(spec)}
     start_spec, done, losses, seconds = copy.deepcopy(spec), 0, [], 0.0
-    if state is not None and (state / "log.json").is_file():
-        record = json.loads((state / "log.json").read_text())
-        if record.get("settings") != settings:
-            raise ValueError(f"{state} holds a run with other settings ({record.get('settings')}); use another")
-        spec = FptSpec.load(state)
-        if spec is None:
-            raise ValueError(f"{state} has a log but no spec: remove the folder to start again")
+    saved = resume(state, settings)
+    if saved is not None:
+        spec, record = saved
         done, losses, seconds = record["steps_done"], record["losses"], record.get("seconds", 0.0)
     model.float().requires_grad_(False)
     rows = chunks(batches, length, config.eos_token_id if isinstance(config.eos_token_id, int) else 0)

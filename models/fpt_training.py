@@ -176,6 +176,20 @@ def _save(state: Path, spec: FptSpec, record: dict) -> None:
     tmp.rmdir()
 
 
+def resume(state: Path | None, settings: dict) -> tuple[FptSpec, dict] | None:
+    """(spec, log record) saved in `state` by an earlier run with these `settings`; None when there is none.
+    Raises ValueError for a run with other settings, or a log without its spec."""
+    if state is None or not (state / "log.json").is_file():
+        return None
+    record = json.loads((state / "log.json").read_text())
+    if record.get("settings") != settings:
+        raise ValueError(f"{state} holds a run with other settings ({record.get('settings')}); use another")
+    spec = FptSpec.load(state)
+    if spec is None:
+        raise ValueError(f"{state} has a log but no spec: remove the folder to start again")
+    return spec, record
+
+
 def train_transforms(model: nn.Module, batches: list[torch.Tensor], spec: FptSpec | None = None, *,
                      length: int = 256, steps: int = 60, batch: int = 4, lr: float = 5e-3, seed: int = 0,
                      state: Path | None = None, report=None) -> tuple[FptSpec, list[dict]]:
@@ -188,14 +202,9 @@ def train_transforms(model: nn.Module, batches: list[torch.Tensor], spec: FptSpe
         raise ValueError("trained transforms start from a spec without the residual rotation")
     settings = {"length": length, "steps": steps, "batch": batch, "lr": lr, "seed": seed, "group": GROUP}
     log: list[dict] = []
-    if state is not None and (state / "log.json").is_file():
-        record = json.loads((state / "log.json").read_text())
-        if record.get("settings") != settings:
-            raise ValueError(f"{state} holds a run with other settings ({record.get('settings')}); use another")
-        saved = FptSpec.load(state)
-        if saved is None:
-            raise ValueError(f"{state} has a log but no spec: remove the folder to start again")
-        spec, log = saved, record["layers"]
+    saved = resume(state, settings)
+    if saved is not None:
+        spec, log = saved[0], saved[1]["layers"]
     model.float().requires_grad_(False)
     rows = chunks(batches, length, config.eos_token_id if isinstance(config.eos_token_id, int) else 0)
     with torch.no_grad():
