@@ -76,7 +76,7 @@ def accuracy(row: str, data: str, n: int, model_id: str) -> dict:
     """`ponder eval` of the row's configuration in its own process: base mode, greedy, batch 8."""
     precision, kv, group, _ = ROWS[row]
     path = DATA / ("gsm8k/test.jsonl" if data == "gsm8k" else "math500/test.jsonl")
-    out = RESULTS / "quant_eval" / f"{row}_{data}.json"
+    out = RESULTS / "quant_eval" / model_id / f"{row}_{data}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "core.evaluation.evaluate", "--data", str(path), "--limit", str(n), "--mode", "base",
            "--batch", "8", "--system", BOXED, "--max-tokens", "320", "--precision", precision, "--kv", kv,
