@@ -123,7 +123,7 @@ def long_prompt(tokenizer, tokens: int) -> str:
     return " ".join(words[:lo])
 
 
-def run_ponder(name: str, model_id: str, tokens: int, runs: int) -> dict:
+def run_ponder(name: str, model_id: str, tokens: int, runs: int, ff_keep: float = 0.5, ff_reselect: int = 0) -> dict:
     from core.config import EngineConfig, SamplingConfig
     from core.loading import load_engine
 
@@ -132,6 +132,7 @@ def run_ponder(name: str, model_id: str, tokens: int, runs: int) -> dict:
     decode = SPARSE_DECODE.get(variant, "dense")
     engine = load_engine(EngineConfig(model_id=model_id, precision=precision, kv=kv, head_bits=head_bits,
                                       group_size=group, decode=decode,  # the base model, as llama.cpp and HF run
+                                      ff_keep=ff_keep, ff_reselect=ff_reselect,
                                       prompt_cache_tokens=0),  # each run's TTFT a cold prefill of the same prompt
                          reasoning=variant == "ponder_w4a16kv8_reason")
     if decode != "dense" and engine.missing_for_decode():
@@ -288,20 +289,20 @@ def prepare(name: str, model_id: str) -> None:
                                                          head_bits=head_bits, group_size=group))
 
 
-def one(name: str, model_id: str, tokens: int, runs: int) -> dict:
+def one(name: str, model_id: str, tokens: int, runs: int, ff_keep: float = 0.5, ff_reselect: int = 0) -> dict:
     if name in ("hf_fp32", "hf_bf16"):
         out = run_hf(name[3:], model_id, tokens, runs)
     elif name.startswith("llama_cpp"):
         out = run_llama_cpp(model_id, tokens, runs, repack=not name.endswith("norepack"), q4_0="q4_0" in name)
     else:
-        out = run_ponder(name, model_id, tokens, runs)
+        out = run_ponder(name, model_id, tokens, runs, ff_keep, ff_reselect)
     out["peak_rss_mb"] = peak_rss_mb()
     return out
 
 
 def spawn(name: str, args) -> dict | None:
     cmd = [sys.executable, "-m", "bench.decode", "--one", name, "--tokens", str(args.tokens), "--runs",
-           str(args.runs), "--model", args.model]
+           str(args.runs), "--model", args.model, "--ff-keep", str(args.ff_keep), "--ff-reselect", str(args.ff_reselect)]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
     if proc.returncode != 0:
         print(f"[bench] {name} failed (exit {proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}",
@@ -399,12 +400,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--tag", default="", help="suffix of the result files (a CPU family, a kernel)")
+    p.add_argument("--ff-keep", type=float, default=0.5, help="share of neurons the GRIFFIN variants keep")
+    p.add_argument("--ff-reselect", type=int, default=0, help="GRIFFIN variants: reselect every N steps (0: never)")
     p.add_argument("--systems", nargs="+", default=None, metavar="NAME",
                    help="run only these (written to decode_subset.json/.md, the full table stays)")
     args = p.parse_args(argv)
     if args.one:
         with quiet_machine():
-            print(json.dumps(one(args.one, args.model, args.tokens, args.runs)))
+            print(json.dumps(one(args.one, args.model, args.tokens, args.runs, args.ff_keep, args.ff_reselect)))
         return 0
     if args.prepare:
         prepare(args.prepare, args.model)
@@ -433,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
         "date": time.strftime("%Y-%m-%d %H:%M"), "machine": f"{cpu_name()}, {os.cpu_count()} CPUs",
         "cpu_features": cpu_features(), "threads": torch.get_num_threads(), "int4_decode_kernel": kernel_name(),
         "llama_cpp_build": llama_build() if any(n.startswith("llama_cpp") for n in systems) else None,
-        "model": args.model, "tokens": args.tokens,
+        "model": args.model, "tokens": args.tokens, "ff_keep": args.ff_keep, "ff_reselect": args.ff_reselect,
         "runs": args.runs, "prompt": PROMPT, "systems": systems, "ratios": summarize(systems, args.model),
     }
     RESULTS.mkdir(exist_ok=True)

@@ -7,27 +7,32 @@ the response under neurons chosen
 - `griffin`: from the prompt (what decoding does),
 - `warm`: from the prompt plus the first W response tokens computed dense (a reselection after W tokens;
   the KL is taken over the tokens after them),
+- `every{k}_d{decay}`: reselection during decoding, as `--ff-reselect K --ff-decay D` decodes: every k-th
+  response token runs dense, its down-projection input is added to the scores (the earlier ones times D), and the next
+  tokens run on the neurons chosen anew; the dense tokens count in the mean (their KL is 0, their cost is real),
 - `oracle`: from the prompt and the whole response (a bound: it has seen the tokens it is scored on),
 - `random`: at random,
-at several kept shares. Results: bench/results/griffin_selection.json.
+at several kept shares. Results: bench/results/griffin_selection[_<model>].json (no suffix for the default model).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
+from torch.nn import functional as F
 
 from bench.machine import cpu_name
 from core.adapters import lora as adapters
 from core.config import EngineConfig
 from core.data.sft import encode_example, load_examples
-from core.decode.cache import new_cache
+from core.decode.cache import crop, new_cache
 from core.sparse import ff as sparse_ff
-from core.sparse.caprese_e2e import griffin_masks, kl_after
+from core.sparse.caprese_e2e import griffin_masks, kl_after, sparse_forward
+from core.sparse.ff import _layers as model_layers
 from core.training.sparse_fit import trainable_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,6 +54,54 @@ def response_kl(model, prompt, response, masks, skip: int = 0) -> float:
     no_branch = [torch.zeros(1, model.config.hidden_size) for _ in masks]
     with torch.no_grad():
         return kl_after(model, cache, response[skip:-1], no_branch, [b.t() for b in no_branch], masks).item()
+
+
+def periodic_kl(model, keep, group, prompt, response, every: int, decay: float) -> float:
+    """Mean KL(dense ‖ sparse) over the response when every `every`-th token runs dense and reselects (see the
+    module docstring); the sparse tokens see the sparse run's own cache, as in decoding."""
+    cache = new_cache(model.config, "bf16")
+    scorer = sparse_ff.Scorer(keep)
+    _prefill(model, prompt, cache, scorer, base=True)
+    tokens, start = response[:-1], cache.get_seq_length()
+    with torch.no_grad():
+        dense = F.log_softmax(model(input_ids=torch.tensor([tokens]), cache=cache, use_cache=True).logits[0].float(),
+                              dim=-1)
+    crop(cache, start)
+    layers = model.config.num_hidden_layers
+    no_branch = [torch.zeros(1, model.config.hidden_size) for _ in range(layers)]
+    no_branch_t = [b.t() for b in no_branch]
+    pieces, pos = [], 0
+    with torch.no_grad():
+        while pos < len(tokens):
+            seg = tokens[pos: pos + every - 1]
+            if seg:
+                masks = griffin_masks(scorer, layers, group)
+                with sparse_forward(model, no_branch, no_branch_t, masks):
+                    pieces.append(model(input_ids=torch.tensor([seg]), cache=cache, use_cache=True).logits[0])
+                pos += len(seg)
+            if pos < len(tokens):  # the dense step: scored like a prompt token, the older scores decayed
+                for i in scorer.sums:
+                    scorer.sums[i] = scorer.sums[i] * decay
+                with _one_token_scores(model, scorer):
+                    pieces.append(model(input_ids=torch.tensor([[tokens[pos]]]), cache=cache, use_cache=True).logits[0])
+                pos += 1
+    logits = torch.cat(pieces).float()
+    return F.kl_div(F.log_softmax(logits, dim=-1), dense, log_target=True, reduction="batchmean").item()
+
+
+@contextmanager
+def _one_token_scores(model, scorer):
+    """Add one token's down-projection inputs to `scorer`'s sums (its `collect` takes prompts of 2+ tokens)."""
+    handles = []
+    for i, layer in enumerate(model_layers(model)):
+        def hook(_module, args, i=i):
+            scorer.sums[i] = scorer.sums[i] + sparse_ff.neuron_scores(args[0])
+        handles.append(layer.mlp.down_proj.register_forward_pre_hook(hook))
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
 
 
 def chosen(model, keep, group, prompt, response_part=None):
@@ -78,6 +131,10 @@ def main(argv=None) -> int:
     p.add_argument("--sequences", type=int, default=8)
     p.add_argument("--keep", type=float, nargs="+", default=[0.5, 0.75, 0.875])
     p.add_argument("--warm", type=int, default=32, help="dense response tokens before a reselection")
+    p.add_argument("--every", type=int, nargs="*", default=[], help="reselection periods to measure")
+    p.add_argument("--decay", type=float, nargs="+", default=[1.0], help="earlier scores' factors at a reselection")
+    p.add_argument("--skip", nargs="*", default=[], choices=["griffin", "warm", "oracle", "random"],
+                   help="selections not to measure")
     args = p.parse_args(argv)
     cfg = EngineConfig(model_id=args.model)
     model, tokenizer, group = trainable_model(args.model, cfg.precision)
@@ -88,19 +145,28 @@ def main(argv=None) -> int:
     gen = torch.Generator().manual_seed(0)
     rows = {}
     for keep in args.keep:
-        kl = {"griffin": [], "warm": [], "oracle": [], "random": []}
+        periodic = [(k, d) for k in args.every for d in args.decay]
+        kl = {k: [] for k in ["griffin", "warm", *(f"every{k}_d{d}" for k, d in periodic), "oracle", "random"]
+              if k not in args.skip}
         for prompt, response in encoded:
-            kl["griffin"].append(response_kl(model, prompt, response, chosen(model, keep, group, prompt)))
-            kl["warm"].append(response_kl(model, prompt, response,
-                                          chosen(model, keep, group, prompt, response[: args.warm]), args.warm))
-            kl["oracle"].append(response_kl(model, prompt, response, chosen(model, keep, group, prompt, response)))
-            kl["random"].append(response_kl(model, prompt, response, random_masks(model, keep, gen)))
+            if "griffin" in kl:
+                kl["griffin"].append(response_kl(model, prompt, response, chosen(model, keep, group, prompt)))
+            if "warm" in kl:
+                kl["warm"].append(response_kl(model, prompt, response,
+                                              chosen(model, keep, group, prompt, response[: args.warm]), args.warm))
+            for k, d in periodic:
+                kl[f"every{k}_d{d}"].append(periodic_kl(model, keep, group, prompt, response, k, d))
+            if "oracle" in kl:
+                kl["oracle"].append(response_kl(model, prompt, response, chosen(model, keep, group, prompt, response)))
+            if "random" in kl:
+                kl["random"].append(response_kl(model, prompt, response, random_masks(model, keep, gen)))
         rows[str(keep)] = {k: sum(v) / len(v) for k, v in kl.items()}
         print(keep, json.dumps(rows[str(keep)]), flush=True)
     report = {"model": args.model, "precision": cfg.precision, "cpu": cpu_name(), "date": time.strftime("%Y-%m-%d %H:%M"),
               "sequences": len(encoded), "response_tokens": sum(len(r) for _, r in encoded), "warm": args.warm,
               "mean_kl_dense_to_sparse": rows}
-    out = ROOT / "bench" / "results" / "griffin_selection.json"
+    suffix = "" if args.model == EngineConfig().model_id else f"_{args.model}"
+    out = ROOT / "bench" / "results" / f"griffin_selection{suffix}.json"
     out.write_text(json.dumps(report, indent=2))
     print(f"Wrote {out}")
     return 0

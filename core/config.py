@@ -82,6 +82,11 @@ class EngineConfig:
     branches for that sparsity, at the share they were fitted for; core.sparse.caprese)."""
     ff_keep: float = 0.5
     """Share of feed-forward neurons GRIFFIN keeps (0 < ff_keep <= 1)."""
+    ff_reselect: int = 0
+    """GRIFFIN: every this many decode steps one runs dense and the answer's activations re-pick the neurons
+    (0: the prompt's choice holds; core.sparse.reselect)."""
+    ff_decay: float = 1.0
+    """GRIFFIN reselection: the factor on the earlier scores at each reselection (0 < ff_decay <= 1)."""
     prompt_cache_tokens: int = 4096
     """Prompt tokens whose keys and values are kept for prompts that start the same (core.decode.prompt_cache);
     0 turns prompt caching off (benchmarks that repeat one prompt)."""
@@ -101,6 +106,10 @@ class EngineConfig:
             raise ValueError(f"decode must be one of {DECODE_MODES}")
         if not 0 < self.ff_keep <= 1:
             raise ValueError("ff_keep must be in (0, 1]")
+        if self.ff_reselect < 0 or self.ff_reselect == 1:
+            raise ValueError("ff_reselect must be 0 (off) or 2 or more")
+        if not 0 < self.ff_decay <= 1:
+            raise ValueError("ff_decay must be in (0, 1]")
         if self.precision == "fp32" and self.kv == "int8":
             object.__setattr__(self, "kv", "bf16")
 

@@ -52,7 +52,8 @@ class Engine(TraceKeeping, AdapterChoice):
 
     def __init__(self, model, tokenizer, *, model_id: str, precision: str = "bf16", kv: str = "bf16",
                  context: int = 8192, router=None, adapter_name: str | None = None, decode: str = "dense",
-                 ff_keep: float = 0.5, prompt_cache: PromptCache | None = None):
+                 ff_keep: float = 0.5, prompt_cache: PromptCache | None = None, ff_reselect: int = 0,
+                 ff_decay: float = 1.0):
         use_decode_attention(model)
         self.prompt_cache = prompt_cache
         """Recent prompts' keys and values, reused by answers whose prompt starts the same (None: off)."""
@@ -73,6 +74,7 @@ class Engine(TraceKeeping, AdapterChoice):
         self.precision = precision
         self.kv = kv
         self.decode, self.ff_keep = decode, ff_keep
+        self.ff_reselect, self.ff_decay = ff_reselect, ff_decay
         """Decode steps' feed-forward: 'dense', 'griffin' (each prompt's top `ff_keep` neurons, core.sparse.ff) or
         'griffin+caprese' (with `caprese`'s low-rank branches, at the share they were fitted for)."""
         self.caprese: dict = {}
@@ -116,7 +118,7 @@ class Engine(TraceKeeping, AdapterChoice):
 
     def sparse_plan(self) -> SparsePlan | None:
         """What `decode` asks for, as far as this model has the parts (core.sparse.ff.plan_for)."""
-        return plan_for(self.decode, self.ff_keep, self.cats, self.caprese)
+        return plan_for(self.decode, self.ff_keep, self.cats, self.caprese, self.ff_reselect, self.ff_decay)
 
     def missing_for_decode(self) -> str | None:
         """A note for the user when `decode` asks for a part this model lacks."""

@@ -290,7 +290,7 @@ def load_engine(cfg: EngineConfig | None = None, store: ModelStore | None = None
     tokenizer = load_tokenizer(installed.hf_dir)
     model = load_model(installed, cfg, progress)
     engine = Engine(model, tokenizer, model_id=cfg.model_id, precision=cfg.precision, kv=cfg.kv, context=cfg.context,
-                    decode=cfg.decode, ff_keep=cfg.ff_keep,
+                    decode=cfg.decode, ff_keep=cfg.ff_keep, ff_reselect=cfg.ff_reselect, ff_decay=cfg.ff_decay,
                     prompt_cache=PromptCache(cfg.prompt_cache_tokens) if cfg.prompt_cache_tokens > 0 else None)
     engine.base_fingerprint = adapters.base_fingerprint(installed.hf_dir)
     engine.warnings = warnings = []  # type: list[str]

@@ -51,15 +51,20 @@ def _lean_forward(self, hidden_states: torch.Tensor, attention_mask=None, positi
     x = rms_norm(hidden_states, self.post_attention_layernorm)
     selection = getattr(cache, "ff_selection", None)  # GRIFFIN: this prompt's cut feed-forward (core.sparse.ff)
     if selection is not None:
-        return hidden_states + selection.forward(attn.layer_idx, x, lambda h: _dense_ff(mlp, h))
+        return hidden_states + selection.forward(attn.layer_idx, x, lambda h, sink=None: _dense_ff(mlp, h, sink))
     return hidden_states + _dense_ff(mlp, x)
 
 
-def _dense_ff(mlp, x: torch.Tensor) -> torch.Tensor:
+def _dense_ff(mlp, x: torch.Tensor, sink: list | None = None) -> torch.Tensor:
+    """The dense feed-forward; `sink` (a list), when given, receives the down projection's input."""
     gate, up = mlp.gate_proj.forward(x), mlp.up_proj.forward(x)
     if isinstance(mlp.act_fn, torch.nn.SiLU) and gate.shape[1] == 1:  # the fused step's SwiGLU (core.decode.ops)
-        return mlp.down_proj.forward(decode_ops.silu_mul(gate[:, 0], up[:, 0]).unsqueeze(1))
-    return mlp.down_proj.forward(mlp.act_fn(gate) * up)
+        z = decode_ops.silu_mul(gate[:, 0], up[:, 0]).unsqueeze(1)
+    else:
+        z = mlp.act_fn(gate) * up
+    if sink is not None:
+        sink.append(z)
+    return mlp.down_proj.forward(z)
 
 
 def install(model) -> int:

@@ -118,7 +118,9 @@ def summarize(engine, rows: list[dict], args, batch: int) -> dict:
            "system": args.system, "batch": batch,
            "adapter": reasoning_adapter_name(engine), "precision": engine.precision, "kv": engine.kv,
            "group_size": getattr(args, "group_size", None), "decode": engine.decode,
-           "ff_keep": engine.ff_keep if engine.decode != "dense" else None}
+           "ff_keep": engine.ff_keep if engine.decode != "dense" else None,
+           "ff_reselect": engine.ff_reselect if engine.decode.startswith("griffin") else None,
+           "ff_decay": engine.ff_decay if engine.decode.startswith("griffin") and engine.ff_reselect else None}
     if batch > 1:  # one prefill serves the whole batch: per-question TTFT is not measured
         out["mean_ttft_s"] = None
     if args.parallel > 1 and rows:
@@ -175,6 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--decode", choices=DECODE_MODES, default="dense",
                    help="decode-step feed-forward: dense, or griffin (per-prompt sparse neurons)")
     p.add_argument("--ff-keep", type=float, default=EngineConfig().ff_keep, help="share of neurons griffin keeps")
+    p.add_argument("--ff-reselect", type=int, default=0, help="griffin: reselect every N decode steps (0: never)")
+    p.add_argument("--ff-decay", type=float, default=1.0, help="griffin reselection: factor on earlier scores")
     p.add_argument("--system", default=None, help="system prompt (default: Ponder's); e.g. ask base mode for \\boxed{}")
     p.add_argument("--route-only", action="store_true", help="prefill + switcher only")
     p.add_argument("--expect", choices=("reason", "base"), help="with --route-only: the right decision for the file")
@@ -193,7 +197,8 @@ def main(argv=None) -> int:
     items = load_items(args.data, args.limit, args.offset)
     engine = load_engine(EngineConfig(model_id=args.model, precision=args.precision, kv=args.kv,
                                       group_size=args.group_size, head_bits=args.head_bits, decode=args.decode,
-                                      ff_keep=args.ff_keep, reasoning_adapter=args.adapter), reasoning=True)
+                                      ff_keep=args.ff_keep, ff_reselect=args.ff_reselect, ff_decay=args.ff_decay,
+                                      reasoning_adapter=args.adapter), reasoning=True)
     if args.adapter and reasoning_adapter_name(engine) != args.adapter:
         raise ValueError(f"the reasoning adapter '{args.adapter}' did not load: {' '.join(engine.warnings)}")
     if args.route_only:

@@ -10,6 +10,9 @@ The cut weights are built once per prompt (`build`) by `core.sparse.cut`, as ind
 weights, so they hold the same numbers and run on the same kernels; LoRA adapters are cut alike, so Reason mode,
 skills and parallel answers work on the sparse path.
 
+With `reselect = k` (core.sparse.reselect) the answer picks too: every k-th decode step runs dense, adds its
+activations to the scores and rewrites each cut block where its top neurons changed.
+
 The selection belongs to the prompt, so it lives on the cache (`cache.ff_selection`, see `core.decode.cache`), one
 entry per cache row, and follows the cache's row operations (parallel answers fork one prompt's selection,
 finished rows leave); `core.decode.lean_layers` reads it in its one-token step.
@@ -17,6 +20,7 @@ finished rows leave); `core.decode.lean_layers` reads it in its one-token step.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import time
 from dataclasses import dataclass
@@ -24,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from core.sparse.cut import BLOCK, CutFF, choose_neurons, cut_layer, fold_branch, packed_group
+from core.sparse.reselect import Reselection, clone_block
 
 
 def kept_count(intermediate: int, keep: float) -> int:
@@ -57,19 +62,41 @@ class FFSelection:
     """None: every row uses blocks[0] (one prompt, or a rule that is not per prompt such as CATS)."""
     build_s: float = 0.0
     """Seconds the cut blocks took to build (part of the time to first token)."""
+    reselection: Reselection | None = None
+    """Reselection during decoding (core.sparse.reselect), or None: the prompt's choice holds."""
+    owned: bool = False
+    """Whether `blocks` belong to this selection alone (reselection rewrites them in place; shared ones are
+    copied first)."""
 
-    def __deepcopy__(self, memo):  # a forked cache shares the (read-only) weights
-        return FFSelection(self.blocks, None if self.rows is None else list(self.rows))
+    def __deepcopy__(self, memo):  # a forked cache shares the weights; neither copy writes them in place now
+        self.owned = False
+        return FFSelection(self.blocks, None if self.rows is None else list(self.rows),
+                           reselection=copy.deepcopy(self.reselection))
+
+    def _moved(self, rows: list[int] | None) -> FFSelection:
+        """This selection with other rows (the cache replaces it): the blocks and their ownership move along."""
+        out = FFSelection(self.blocks, rows, reselection=self.reselection, owned=self.owned)
+        self.owned = False
+        return out
 
     def repeat(self, n: int) -> FFSelection:
-        return FFSelection(self.blocks, None if self.rows is None else [g for g in self.rows for _ in range(n)])
+        return self._moved(None if self.rows is None else [g for g in self.rows for _ in range(n)])
 
     def select(self, indices: torch.Tensor) -> FFSelection:
-        return FFSelection(self.blocks, None if self.rows is None else [self.rows[i] for i in indices.tolist()])
+        return self._moved(None if self.rows is None else [self.rows[i] for i in indices.tolist()])
 
     def forward(self, layer: int, x: torch.Tensor, dense) -> torch.Tensor:
         """The feed-forward output for x (B, 1, H), each row through its prompt's cut block (`dense(x)` where
-        a layer has none)."""
+        a layer has none). On a reselection step every row runs `dense(x, sink)`, which appends its
+        down-projection input to `sink`, and the blocks of this layer are rewritten for the next steps."""
+        if self.reselection is not None and self.reselection.dense_now(layer):
+            sink: list[torch.Tensor] = []
+            out = dense(x, sink)
+            if not self.owned:
+                self.blocks = [[clone_block(b) for b in per_layer] for per_layer in self.blocks]
+                self.owned = True
+            self.reselection.observe(layer, neuron_scores(sink[0]), self.rows, self.blocks)
+            return out
         first = 0 if self.rows is None else self.rows[0]
         if self.rows is None or all(g == first for g in self.rows):
             block = self.blocks[first][layer]
@@ -114,9 +141,9 @@ class Scorer:
             for h in handles:
                 h.remove()
 
-    def build(self, model, branches=None) -> FFSelection | None:
+    def build(self, model, branches=None, reselect: int = 0, decay: float = 1.0) -> FFSelection | None:
         """The cut blocks of each prompt seen (cache row order), with `branches(layer, x)` beside each (Caprese)
-        when given; None when nothing was scored."""
+        when given, reselected every `reselect` decode steps when > 0; None when nothing was scored."""
         layers = _layers(model)
         if len(self.sums) != len(layers):
             return None
@@ -134,7 +161,11 @@ class Scorer:
                     block.branch = functools.partial(branches, i)
                 per_layer.append(block)
             blocks.append(per_layer)
-        return FFSelection(blocks, list(range(prompts)))
+        if not reselect:
+            return FFSelection(blocks, list(range(prompts)))
+        scores = [[self.sums[i][b].clone() for i in range(len(layers))] for b in range(prompts)]
+        return FFSelection(blocks, list(range(prompts)), owned=True,
+                           reselection=Reselection(reselect, decay, scores, [layer.mlp for layer in layers]))
 
 
 class CatsBlock:
@@ -160,6 +191,10 @@ class SparsePlan:
     keep: float = 0.5
     thresholds: tuple[float, ...] | None = None
     branches: object = None
+    reselect: int = 0
+    """GRIFFIN: every this many decode steps one runs dense and reselects (0: never; core.sparse.reselect)."""
+    decay: float = 1.0
+    """GRIFFIN reselection: the earlier scores' factor at each reselection."""
 
 
 @contextlib.contextmanager
@@ -182,21 +217,24 @@ def prefill_selection(model, cache, plan: SparsePlan | None, mask: torch.Tensor 
     with scorer.collect(model):
         yield
     start = time.perf_counter()
-    cache.ff_selection = scorer.build(model, plan.branches)
+    cache.ff_selection = scorer.build(model, plan.branches, plan.reselect, plan.decay)
     if cache.ff_selection is not None:
         cache.ff_selection.build_s = time.perf_counter() - start
 
 
-def plan_for(decode: str, keep: float, cats: dict | None, caprese: dict) -> SparsePlan | None:
+def plan_for(decode: str, keep: float, cats: dict | None, caprese: dict, reselect: int = 0,
+             decay: float = 1.0) -> SparsePlan | None:
     """The plan for decode mode `decode` with the parts a model has: no CATS calibration means dense, no Caprese
-    branches for the sparsity means the sparse blocks alone; None for dense."""
+    branches for the sparsity means the sparse blocks alone; None for dense. `reselect`/`decay`: GRIFFIN's
+    reselection during decoding."""
     kind, _, extra = decode.partition("+")
     if kind == "dense" or (kind == "cats" and cats is None):
         return None
     branches = caprese.get(kind) if extra == "caprese" else None
     if kind == "cats":
         return SparsePlan("cats", thresholds=tuple(cats["thresholds"]), branches=branches)
-    return SparsePlan("griffin", keep=branches.keep if branches is not None else keep, branches=branches)
+    return SparsePlan("griffin", keep=branches.keep if branches is not None else keep, branches=branches,
+                      reselect=reselect, decay=decay)
 
 
 def missing_parts(decode: str, cats: dict | None, caprese: dict) -> str | None:
