@@ -106,11 +106,10 @@ def _slots(old: torch.Tensor, new: torch.Tensor, chunked: int | None) -> tuple[t
             moved.append(c)
     slot_group = chunk_group.repeat_interleave(CHUNK)
     stays = keep & (old // chunked == slot_group)
-    for g in torch.unique(slot_group).tolist():
-        open_slots = ((slot_group == g) & ~stays).nonzero().flatten()
-        if len(open_slots):
-            mine = new[new // chunked == g]
-            slots[open_slots] = mine[~torch.isin(mine, old[stays])]
+    # each group has as many open slots as new neurons without one: both sorted by group, they pair up in order
+    open_slots = (~stays).nonzero().flatten()
+    open_slots = open_slots[slot_group[open_slots].argsort(stable=True)]
+    slots[open_slots] = new[~torch.isin(new, old[stays])]  # `new` is sorted, so its groups are too
     return slots, moved
 
 
@@ -160,6 +159,8 @@ def rewrite(block: CutFF, mlp, new: torch.Tensor) -> int:
     """Make `block` compute the cut to neurons `new` (any order) by rewriting the slots whose neuron changed;
     returns how many slots were rewritten."""
     old = block.kept
+    if bool(torch.isin(old, new).all()):
+        return 0
     group = block.down.group == CHUNK and block.down.kind == "int4"
     slots, moved = _slots(old, new, packed_group(mlp.down_proj) if group else None)
     pos = (slots != old).nonzero().flatten()
