@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -32,7 +32,6 @@ from core.data.sft import encode_example, load_examples
 from core.decode.cache import crop, new_cache
 from core.sparse import ff as sparse_ff
 from core.sparse.caprese_e2e import griffin_masks, kl_after, sparse_forward
-from core.sparse.ff import _layers as model_layers
 from core.training.sparse_fit import trainable_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,7 +59,7 @@ def periodic_kl(model, keep, group, prompt, response, every: int, decay: float) 
     """Mean KL(dense ‖ sparse) over the response when every `every`-th token runs dense and reselects (see the
     module docstring); the sparse tokens see the sparse run's own cache, as in decoding."""
     cache = new_cache(model.config, "bf16")
-    scorer = sparse_ff.Scorer(keep)
+    scorer = sparse_ff.Scorer(keep, min_tokens=1)  # the dense steps are one token each
     _prefill(model, prompt, cache, scorer, base=True)
     tokens, start = response[:-1], cache.get_seq_length()
     with torch.no_grad():
@@ -82,26 +81,11 @@ def periodic_kl(model, keep, group, prompt, response, every: int, decay: float) 
             if pos < len(tokens):  # the dense step: scored like a prompt token, the older scores decayed
                 for i in scorer.sums:
                     scorer.sums[i] = scorer.sums[i] * decay
-                with _one_token_scores(model, scorer):
+                with scorer.collect(model):
                     pieces.append(model(input_ids=torch.tensor([[tokens[pos]]]), cache=cache, use_cache=True).logits[0])
                 pos += 1
     logits = torch.cat(pieces).float()
     return F.kl_div(F.log_softmax(logits, dim=-1), dense, log_target=True, reduction="batchmean").item()
-
-
-@contextmanager
-def _one_token_scores(model, scorer):
-    """Add one token's down-projection inputs to `scorer`'s sums (its `collect` takes prompts of 2+ tokens)."""
-    handles = []
-    for i, layer in enumerate(model_layers(model)):
-        def hook(_module, args, i=i):
-            scorer.sums[i] = scorer.sums[i] + sparse_ff.neuron_scores(args[0])
-        handles.append(layer.mlp.down_proj.register_forward_pre_hook(hook))
-    try:
-        yield
-    finally:
-        for h in handles:
-            h.remove()
 
 
 def chosen(model, keep, group, prompt, response_part=None):

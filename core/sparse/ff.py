@@ -120,8 +120,9 @@ def _layers(model):
 class Scorer:
     """Collects GRIFFIN scores from every prefill run inside `with scorer.collect(model)`."""
 
-    def __init__(self, keep: float = 0.5, mask: torch.Tensor | None = None):
-        self.keep, self.mask = keep, mask
+    def __init__(self, keep: float = 0.5, mask: torch.Tensor | None = None, min_tokens: int = 2):
+        self.keep, self.mask, self.min_tokens = keep, mask, min_tokens
+        """`min_tokens`: the shortest forward that is scored (2: prefills, not one-token decode steps)."""
         self.sums: dict[int, torch.Tensor] = {}
 
     @contextlib.contextmanager
@@ -130,7 +131,7 @@ class Scorer:
         for i, layer in enumerate(_layers(model)):
             def hook(_module, args, i=i):
                 z = args[0]
-                if z.dim() == 3 and z.shape[1] > 1:
+                if z.dim() == 3 and z.shape[1] >= self.min_tokens:
                     mask = self.mask if self.mask is not None and self.mask.shape[1] >= z.shape[1] else None
                     s = neuron_scores(z, mask)
                     self.sums[i] = s if i not in self.sums else self.sums[i] + s

@@ -17,7 +17,6 @@ them first otherwise.
 from __future__ import annotations
 
 import copy
-import time
 
 import torch
 
@@ -34,8 +33,6 @@ class Reselection:
         self.step = 0
         self.rewritten = 0
         """Slots rewritten so far (all layers, all prompts)."""
-        self.seconds = 0.0
-        """Time spent rewriting blocks."""
 
     def __deepcopy__(self, memo):
         out = copy.copy(self)
@@ -52,7 +49,6 @@ class Reselection:
         """Add a dense step's GRIFFIN scores s (B, I) (`core.sparse.ff.neuron_scores` of its down-projection
         inputs) to each prompt's scores and rewrite the prompt's cut block of `layer` where its top neurons
         changed."""
-        start = time.perf_counter()
         groups = [0] * s.shape[0] if rows is None else rows
         for g in dict.fromkeys(groups):
             mine = torch.tensor([i for i, r in enumerate(groups) if r == g])
@@ -62,7 +58,6 @@ class Reselection:
                 mlp = self.mlps[layer]
                 new = choose_neurons(self.scores[g][layer], len(block.kept), packed_group(mlp.down_proj))
                 self.rewritten += rewrite(block, mlp, new)
-        self.seconds += time.perf_counter() - start
 
 
 def clone_block(block: CutFF | None) -> CutFF | None:
@@ -164,8 +159,6 @@ def rewrite(block: CutFF, mlp, new: torch.Tensor) -> int:
     group = block.down.group == CHUNK and block.down.kind == "int4"
     slots, moved = _slots(old, new, packed_group(mlp.down_proj) if group else None)
     pos = (slots != old).nonzero().flatten()
-    if not len(pos) and not moved:
-        return 0
     neurons = slots[pos]
     _write_rows(block.gate, mlp.gate_proj, pos, neurons)
     _write_rows(block.up, mlp.up_proj, pos, neurons)
