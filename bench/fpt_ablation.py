@@ -9,8 +9,11 @@ Rows, all int4 at group 128 (LM head too) with a bf16 KV cache, built in this pr
 - `w4 + trained T + gptq`: the trained transforms under GPTQ.
 Per row: perplexity, top-1 agreement and mean KL against bf16 on `ponder bench quant`'s held text (GSM8K train
 solutions 1000-1039, MATH train 1000-1019, Alpaca 0-39; the transforms and GPTQ see GSM8K/MATH train rows
-3000-3031), and the share of W4's KL gap each closes. Decode speed is the same for every row (same kernels,
-same shapes): `ponder bench quant --decode` measures it. Results: bench/results/fpt_ablation_<model>.{json,md}.
+3000-3031), and the share of W4's KL gap each closes. `--gsm8k-dev N` also answers the dev split (GSM8K train rows
+7100 on, the split every #39/#42 choice is made on) in Fast mode with each row's weights, as `ponder eval` runs
+Fast there (greedy, batches of 8, asked for `\boxed{}`, 512-token cap, the app's int8 KV cache); the answers go to
+bench/results/fpt_ablation_dev/<model>/. Decode speed is the same for every row (same kernels, same shapes):
+`ponder bench quant --decode` measures it. Results: bench/results/fpt_ablation_<model>.{json,md}.
 """
 from __future__ import annotations
 
@@ -48,19 +51,46 @@ def build(row: str, hf_dir: Path, specs: dict[str, FptSpec | None]):
     return quantize_model(plain, 4, 4, 128)
 
 
+DEV_OFFSET = 7100
+FAST_SYSTEM = "Please reason step by step, and put your final answer within \\boxed{}."
+"""Fast mode's system prompt in every #39/#42 dev and test comparison (`ponder eval --system`)."""
+
+
+def dev_gsm8k(model, tokenizer, model_id: str, n: int, out: Path) -> dict:
+    """Fast-mode greedy accuracy of `model` (quantized) on the first `n` dev questions, as `ponder eval` runs it."""
+    from types import SimpleNamespace
+
+    from core.data.datasets import load_items
+    from core.engine import Engine
+    from core.evaluation.evaluate import evaluate, write_json
+
+    data = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k" / "train.jsonl"
+    engine = Engine(model, tokenizer, model_id=model_id, precision="w4", kv="int8")
+    args = SimpleNamespace(mode="base", batch=8, parallel=1, temperature=0, max_tokens=512, budget=0,
+                           answer_max_tokens=128, system=FAST_SYSTEM, offset=DEV_OFFSET, vote="weighted", seed=0,
+                           data=data, out=out, progress=False)
+    result = evaluate(engine, load_items(data, n, offset=DEV_OFFSET), args)
+    write_json(out, result)
+    return {"gsm8k_dev_accuracy": round(result["accuracy"], 4), "gsm8k_dev_n": result["n"],
+            "gsm8k_dev_rows": f"{DEV_OFFSET}-{DEV_OFFSET + result['n'] - 1}"}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.fpt_ablation", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=EngineConfig().model_id)
     p.add_argument("--trained", type=Path, default=None, help="folder holding the trained spec (fpt.safetensors)")
     p.add_argument("--rows", nargs="*", choices=ROWS, default=None, help="rows to measure (default: all there are)")
     p.add_argument("--tag", default="", help="suffix of the result files")
+    p.add_argument("--gsm8k-dev", type=int, default=0, metavar="N",
+                   help="also answer N dev questions (GSM8K train rows 7100 on) in Fast mode with each row's weights")
     args = p.parse_args(argv)
     set_threads(None)
     installed = ModelStore().get(args.model)
     specs = {"grid": shipped_fpt_spec(installed), "trained": FptSpec.load(args.trained) if args.trained else None}
     if args.trained and specs["trained"] is None:
         raise SystemExit(f"no fpt.safetensors in {args.trained}")
-    rows = held_rows(load_tokenizer(installed.hf_dir))
+    tokenizer = load_tokenizer(installed.hf_dir)
+    rows = held_rows(tokenizer)
     name = f"fpt_ablation_{installed.id}{'_' + args.tag if args.tag else ''}"
     path = RESULTS / f"{name}.json"
     report = json.loads(path.read_text()) if path.is_file() else {"rows": {}}
@@ -80,6 +110,10 @@ def main(argv=None) -> int:
         model = build(row, installed.hf_dir, specs)
         report["rows"][row] = {**compare(ref, log_probs(model, "bf16", rows), rows),
                                "seconds": round(time.perf_counter() - t, 1)}
+        if args.gsm8k_dev:
+            slug = row.replace(" + ", "+").replace(" ", "_")
+            report["rows"][row].update(dev_gsm8k(model, tokenizer, installed.id, args.gsm8k_dev,
+                                                 RESULTS / "fpt_ablation_dev" / installed.id / f"{slug}.json"))
         del model
         print(row, json.dumps(report["rows"][row]), file=sys.stderr, flush=True)
         path.write_text(json.dumps(report, indent=2))
@@ -91,11 +125,13 @@ def main(argv=None) -> int:
 def markdown(report: dict) -> str:
     rows = report["rows"]
     base = rows.get("w4", {}).get("mean_kl_nats")
-    lines = ["| row | ppl | top-1 agreement | mean KL | share of W4's KL gap closed |", "|---|---:|---:|---:|---:|"]
+    lines = ["| row | ppl | top-1 agreement | mean KL | share of W4's KL gap closed | Fast, GSM8K dev |",
+             "|---|---:|---:|---:|---:|---:|"]
     for key, r in rows.items():
         closed = f"{(base - r['mean_kl_nats']) / base:.0%}" if base else ""
+        dev = f"{r['gsm8k_dev_accuracy']:.1%} (n = {r['gsm8k_dev_n']})" if "gsm8k_dev_accuracy" in r else ""
         lines.append(f"| {key} | {r['perplexity']:.3f} | {r['top1_agreement']:.3f} | {r['mean_kl_nats']:.4f} | "
-                     f"{closed} |")
+                     f"{closed} | {dev} |")
     lines.append(f"\n{report['model']}; KL against bf16 on {report['held_text']} "
                  f"({next(iter(rows.values()))['tokens'] if rows else 0} tokens); {report['cpu']}, {report['date']}.")
     return "\n".join(lines) + "\n"

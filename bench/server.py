@@ -7,7 +7,9 @@ up to `--max-batch` requests together (default 4, as `ponder serve`): a request 
 joins at the next step; `--max-batch 1` answers one at a time (FIFO), the comparison. `python -m bench.server
 [--max-tokens 32] [--model ID] [--max-batch N] [--rounds 3] [--tag T]`: the levels take turns, `--rounds` times
 (in reverse order every other round), and each level's figures pool its rounds; writes
-bench/results/server[_T].json and .md with the CPU name, load average and date.
+bench/results/server[_T].json and .md with the CPU name, load average and date. Before the levels it runs
+`bench.joint_bound` (`--no-bound` skips it): what a joint step of 4 requests costs against one, the most 4 clients
+can gain on this host.
 """
 from __future__ import annotations
 
@@ -69,6 +71,13 @@ def one_request(client: httpx.Client, model: str, prompt: str, max_tokens: int) 
     return {"latency_s": time.perf_counter() - start, "ttft_s": first, "tokens": tokens}
 
 
+def joint_bound(model: str) -> dict:
+    """`bench.joint_bound` in a subprocess before the server starts: what one joint step of r requests costs."""
+    out = subprocess.run([sys.executable, "-m", "bench.joint_bound", "--model", model], cwd=ROOT, check=True,
+                         capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
@@ -114,6 +123,12 @@ def markdown(result: dict) -> str:
                                                 by_clients[1].get("rounds_requests_per_s", []), strict=False)]
         lines += ["", f"4 clients against 1: **{ratio:.2f}×** the requests/s"
                   + (f" (round by round: {', '.join(rounds)}×)." if len(rounds) > 1 else ".")]
+    bound = result.get("joint_bound")
+    if bound:
+        ms = bound["step_ms"]
+        lines += ["", f"Bound (`bench.joint_bound`, before the levels): one engine step of 1 / 2 / 4 / 8 single-row "
+                  f"requests takes {ms['1']} / {ms['2']} / {ms['4']} / {ms['8']} ms (medians of {bound['rounds']} "
+                  f"rounds), so 4 clients can get at most **{bound['max_gain']['4']:.2f}×** one client's tokens/s."]
     lines += ["", f"`ponder serve --max-batch {result.get('max_batch', 1)}` ({result['model']}, W4, int8 KV), "
               f"{result['max_tokens']} greedy tokens per request "
               f"(ignore_eos), streamed; {result['cpu']}, {result['cpus']} CPUs, load average "
@@ -131,14 +146,16 @@ def main(argv: list[str] | None = None) -> int:
                              "to minute; interleaved rounds share the drift between levels)")
     parser.add_argument("--tag", default="", help="suffix of the result files")
     parser.add_argument("--json", action="store_true", help="print the JSON result")
+    parser.add_argument("--no-bound", action="store_true", help="skip bench.joint_bound (the step-cost bound)")
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     load_before = [round(x, 2) for x in os.getloadavg()]
+    bound = None if args.no_bound else joint_bound(args.model)
     proc, url = start_server(args.model, args.max_batch)
     result = {"model": args.model, "max_tokens": args.max_tokens, "max_batch": args.max_batch, "levels": [],
               "rounds": args.rounds,
-              "tag": args.tag, "cpu": cpu_name(),
+              "tag": args.tag, "cpu": cpu_name(), "joint_bound": bound,
               "cpus": os.cpu_count(), "load_before": load_before, "python": platform.python_version()}
     try:
         with httpx.Client(base_url=url, timeout=3600) as client:

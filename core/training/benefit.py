@@ -86,6 +86,20 @@ def train_benefit_switcher(engine, items: list[Item], reason_right: list[bool], 
     return metrics
 
 
+def load_benefits(pairs: list[tuple[Path, Path]]) -> tuple[list[Item], list[bool], list[bool], dict]:
+    """`load_benefit` over several (Reason, Fast) evaluation pairs (other rows or other data files), pooled; the
+    source lists each pair's."""
+    items, reason_right, fast_right, sources = [], [], [], []
+    for reason_path, fast_path in pairs:
+        i, r, f, source = load_benefit(reason_path, fast_path)
+        items, reason_right, fast_right = items + i, reason_right + r, fast_right + f
+        sources.append(source)
+    if len(sources) == 1:
+        return items, reason_right, fast_right, sources[0]
+    budgets = {s["budget"] for s in sources}
+    return items, reason_right, fast_right, {"pairs": sources, "budget": budgets.pop() if len(budgets) == 1 else None}
+
+
 def load_benefit(reason_path: Path, fast_path: Path) -> tuple[list[Item], list[bool], list[bool], dict]:
     """The questions both evaluations scored (from the data file they name) and each mode's correctness."""
     from core.data.datasets import load_items

@@ -23,9 +23,10 @@ def main(argv: list[str]) -> int:
     if what == "switcher":
         p.add_argument("--reason-data", action="append", help="GSM8K/MATH JSONL (label: reason)")
         p.add_argument("--chat-data", action="append", required=True, help="Alpaca JSONL (label: base)")
-        p.add_argument("--benefit", nargs=2, type=Path, metavar=("REASON_EVAL", "FAST_EVAL"),
+        p.add_argument("--benefit", nargs=2, type=Path, action="append", metavar=("REASON_EVAL", "FAST_EVAL"),
                        help="route by benefit: a Reason-mode and a Fast-mode `ponder eval --out` of the same train "
-                            "rows label each question by whether thinking helped (core.training.benefit)")
+                            "rows label each question by whether thinking helped (core.training.benefit); "
+                            "repeat for more rows or other data files")
         p.add_argument("--budget", type=int, default=None,
                        help="budget auto states (default: the Reason evaluation's, else the model's)")
         p.add_argument("--per-file", type=int, default=200, help="prompts taken from each file")
@@ -42,11 +43,11 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(rest)
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     if what == "switcher" and args.benefit:
-        from core.training.benefit import load_benefit, train_benefit_switcher
+        from core.training.benefit import load_benefits, train_benefit_switcher
         from models.registry import default_budget
 
         engine = load_engine(EngineConfig(model_id=args.model), reasoning=False)
-        items, reason_right, fast_right, source = load_benefit(*args.benefit)
+        items, reason_right, fast_right, source = load_benefits(args.benefit)
         chat = [i for f in args.chat_data for i in load_items(f, args.per_file, shuffle_seed=args.seed)]
         source = {**source, "chat_data": [Path(f).name for f in args.chat_data], "per_file": args.per_file,
                   "command": " ".join(["ponder", "train", what, *rest])}

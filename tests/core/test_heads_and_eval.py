@@ -270,7 +270,7 @@ def test_benefit_switcher_learns_where_thinking_helped(engine, tmp_path):
     """Two evaluations of the same rows: on the multiplication questions Reason was right and Fast wrong, on the
     naming ones the reverse. The head, its threshold picked out of fold, routes each kind to the mode that was
     right (the random model's pooled states separate the two kinds, as in the topic switcher's test)."""
-    from core.training.benefit import benefit_rows, load_benefit, train_benefit_switcher
+    from core.training.benefit import benefit_rows, load_benefit, load_benefits, train_benefit_switcher
 
     rows = [{"question": f"What is {a}*{a + 3}? Think step by step.", "answer": f"#### {a * (a + 3)}"}
             for a in range(10)] + [{"question": f"Name a {w}.", "answer": "#### 1"} for w in
@@ -284,6 +284,15 @@ def test_benefit_switcher_learns_where_thinking_helped(engine, tmp_path):
     (tmp_path / "f.json").write_text(json.dumps(run("base", lambda i: i >= 10)))
     items, reason_right, fast_right, source = load_benefit(tmp_path / "r.json", tmp_path / "f.json")
     assert len(items) == 20 and items[3].prompt.startswith("What is 3*6?") and source["rows"] == "0-19"
+    (tmp_path / "r2.json").write_text(json.dumps({**run("reason", lambda i: i < 10), "questions": [
+        {"index": i, "correct": True} for i in (2, 15)]}))
+    (tmp_path / "f2.json").write_text(json.dumps({**run("base", lambda i: i >= 10), "questions": [
+        {"index": i, "correct": False} for i in (2, 15)]}))
+    pooled, r2, f2, pooled_source = load_benefits([(tmp_path / "r.json", tmp_path / "f.json"),
+                                                   (tmp_path / "r2.json", tmp_path / "f2.json")])
+    assert [i.prompt for i in pooled[20:]] == [items[2].prompt, items[15].prompt]
+    assert r2 == reason_right + [True, True] and f2 == fast_right + [False, False]
+    assert [p["rows"] for p in pooled_source["pairs"]] == ["0-19", "2-15"]
     chat = [Item(f"Write a haiku about the {w}.", None, "alpaca") for w in ["sea", "sky", "moon", "rain"]]
     metrics = train_benefit_switcher(engine, items, reason_right, fast_right, chat, tmp_path / "sw", budget=64,
                                      report=lambda m: None)

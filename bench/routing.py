@@ -1,0 +1,77 @@
+"""Auto against Fast and Reason on one question file: accuracy per part, tokens, and where Auto sent each question.
+
+    python -m bench.routing --fast FAST.json --reason REASON.json --auto AUTO.json [--tag T]
+
+Three `ponder eval --out` files of the same rows (Fast: `--mode base`, Reason: `--mode reason`, Auto: `--mode
+auto`). Where the data file has a `<name>.subsets.json` beside it (scripts.make_mixed_dev writes one for the mixed
+dev set), each part gets its own row. Tokens are what each answer generated, thinking and answer together — the
+time Auto saves against Reason (the files' latencies are not comparable: Fast and Reason ran in batches of 8,
+Auto one question at a time). Writes bench/results/routing[_T].{json,md}; #39's target is Auto at least
+max(Fast, Reason) over the whole file, with fewer tokens than Reason.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from bench.machine import write_results
+
+
+def load(path: Path, mode: str) -> dict:
+    run = json.loads(Path(path).read_text())
+    if run.get("mode") != mode:
+        raise SystemExit(f"{path}: a --mode {mode} evaluation is expected here, not {run.get('mode')}")
+    if run.get("partial"):
+        raise SystemExit(f"{path} is a partial run")
+    return run
+
+
+def summary(runs: dict[str, dict], lo: int, hi: int) -> dict:
+    out = {"n": None}
+    for name, run in runs.items():
+        rows = [q for q in run["questions"] if lo <= q["index"] < hi]
+        out["n"] = len(rows)
+        out[name] = {"accuracy": sum(q["correct"] for q in rows) / max(1, len(rows)),
+                     "tokens": sum(q["thinking_tokens"] + q["answer_tokens"] for q in rows) / max(1, len(rows)),
+                     "reasoned_share": sum(q["reasoned"] for q in rows) / max(1, len(rows))}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.routing", description=__doc__.split("\n\n")[0])
+    p.add_argument("--fast", type=Path, required=True)
+    p.add_argument("--reason", type=Path, required=True)
+    p.add_argument("--auto", type=Path, required=True)
+    p.add_argument("--tag", default="")
+    args = p.parse_args(argv)
+    runs = {"fast": load(args.fast, "base"), "reason": load(args.reason, "reason"), "auto": load(args.auto, "auto")}
+    datas = {r["data"] for r in runs.values()}
+    if len(datas) != 1 or len({r["n"] for r in runs.values()}) != 1:
+        raise SystemExit("the three evaluations must cover the same rows of the same file")
+    data = Path(datas.pop())
+    sidecar = data.with_name(data.stem + ".subsets.json")
+    parts = json.loads(sidecar.read_text()) if sidecar.is_file() else {}
+    n = runs["fast"]["n"]
+    result = {"data": str(data), "files": {k: str(v) for k, v in vars(args).items() if k != "tag"},
+              "model": runs["auto"]["model"], "budget": runs["auto"]["budget"],
+              "parts": {name: summary(runs, lo, hi) for name, (lo, hi) in parts.items()},
+              "all": summary(runs, 0, 10**9)}
+    best = max(result["all"]["fast"]["accuracy"], result["all"]["reason"]["accuracy"])
+    result["auto_at_least_best"] = result["all"]["auto"]["accuracy"] >= best
+    result["auto_fewer_tokens_than_reason"] = result["all"]["auto"]["tokens"] < result["all"]["reason"]["tokens"]
+    md = ["| part | n | Fast | Reason | Auto | Auto sent to Reason | tokens Fast / Reason / Auto |",
+          "|---|---:|---:|---:|---:|---:|---|"]
+    for name, s in [*result["parts"].items(), ("all", result["all"])]:
+        md.append(f"| {name} | {s['n']} | {s['fast']['accuracy']:.1%} | {s['reason']['accuracy']:.1%} | "
+                  f"**{s['auto']['accuracy']:.1%}** | {s['auto']['reasoned_share']:.0%} | "
+                  f"{s['fast']['tokens']:.0f} / {s['reason']['tokens']:.0f} / {s['auto']['tokens']:.0f} |")
+    md += ["", f"{result['model']}, budget {result['budget']}, {n} questions of {data.name}: Auto "
+           f"{'is' if result['auto_at_least_best'] else 'is not'} at least the better mode's accuracy, with "
+           f"{'fewer' if result['auto_fewer_tokens_than_reason'] else 'no fewer'} tokens than Reason."]
+    write_results("routing" + (f"_{args.tag}" if args.tag else ""), result, md, print_json=False)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
