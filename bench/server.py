@@ -129,7 +129,8 @@ def markdown(result: dict) -> str:
         lines += ["", f"Bound (`bench.joint_bound`, before the levels): one engine step of 1 / 2 / 4 / 8 single-row "
                   f"requests takes {ms['1']} / {ms['2']} / {ms['4']} / {ms['8']} ms (medians of {bound['rounds']} "
                   f"rounds), so 4 clients can get at most **{bound['max_gain']['4']:.2f}×** one client's tokens/s."]
-    lines += ["", f"`ponder serve --max-batch {result.get('max_batch', 1)}` ({result['model']}, W4, int8 KV), "
+    weights = (bound or {}).get("precision", "W4").upper()
+    lines += ["", f"`ponder serve --max-batch {result.get('max_batch', 1)}` ({result['model']}, {weights}, int8 KV), "
               f"{result['max_tokens']} greedy tokens per request "
               f"(ignore_eos), streamed; {result['cpu']}, {result['cpus']} CPUs, load average "
               f"{result['load_before']} before / {result['load_after']} after; {result['date']}."]
