@@ -83,14 +83,17 @@ def held_kl(model: nn.Module, spec: FptSpec, rows: torch.Tensor, batch: int) -> 
 
 def train_end_to_end(model: nn.Module, batches: list[torch.Tensor], spec: FptSpec, *, length: int = 256,
                      steps: int = 60, batch: int = 2, lr: float = 2e-3, seed: int = 0, save_every: int = 5,
-                     state: Path | None = None, report=None) -> tuple[FptSpec, dict]:
+                     state: Path | None = None, report=None, texts: str = "shipped") -> tuple[FptSpec, dict]:
     """Train all layers' scales of `model` (untransformed) from `spec` (no rotation) against the float model's
-    outputs; returns the spec kept (trained if it beats `spec` on the held-out rows, else `spec`) and the log."""
+    outputs; returns the spec kept (trained if it beats `spec` on the held-out rows, else `spec`) and the log.
+    `texts` names the texts `batches` hold (a run resumes only on the same)."""
     if spec.rotation is not None:
         raise ValueError("trained transforms start from a spec without the residual rotation")
     config = model.config
     settings = {"stage": "end-to-end", "length": length, "steps": steps, "batch": batch, "lr": lr, "seed": seed,
                 "group": GROUP, "start_sha256": spec_sha256(spec)}
+    if texts != "shipped":  # the settings of runs on the shipped texts alone stay as they were (they resume)
+        settings["texts"] = texts
     start_spec, done, losses, seconds = copy.deepcopy(spec), 0, [], 0.0
     saved = resume(state, settings)
     if saved is not None:

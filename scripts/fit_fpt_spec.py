@@ -10,7 +10,8 @@ and runs GPTQ (core.loading.shipped_fpt_spec; the spec is used only for base wei
 
 `--train` starts from the grid search's spec and trains each layer's scales on the same texts
 (models/fpt_training.py); it saves after every layer into --out and a rerun continues there. `--end-to-end`
-then trains all layers' scales together against the float model's outputs (models/fpt_end_to_end.py).
+then trains all layers' scales together against the float model's outputs (models/fpt_end_to_end.py);
+`--extra-texts N` adds GSM8K and MATH train texts to its rows (the shipped texts alone overfit it on the 1.5B).
 """
 from __future__ import annotations
 
@@ -41,6 +42,9 @@ def main(argv=None) -> int:
                    help="train every layer's scales together against the float model's outputs "
                         "(models/fpt_end_to_end.py), from --start; --steps are then optimizer steps of --batch rows")
     p.add_argument("--batch", type=int, default=2, help="--end-to-end: rows of --length tokens a step")
+    p.add_argument("--extra-texts", type=int, default=0, metavar="N",
+                   help="--end-to-end: also train on N GSM8K and N MATH train problems with their solutions (rows "
+                        f"{EXTRA_ROW} on, no other stage's), beside the shipped calibration texts")
     p.add_argument("--start", default="grid",
                    help="--train's starting point: grid (the grid search's spec, the shipped one if present), "
                         "identity (none), or a folder holding a spec, e.g. a shorter run's, to train further")
@@ -85,12 +89,13 @@ def main(argv=None) -> int:
         from models.fpt_end_to_end import train_end_to_end
 
         init = start_spec(p, args.start, installed, model, batches)
-        spec, log = train_end_to_end(model, batches, init, length=args.length, steps=args.steps, batch=args.batch,
-                                     lr=args.lr, state=folder / "end_to_end",
-                                     report=lambda r: print(json.dumps(r), flush=True))
+        extra, texts = extra_batches(installed.hf_dir, args.extra_texts)
+        spec, log = train_end_to_end(model, batches + extra, init, length=args.length, steps=args.steps,
+                                     batch=args.batch, lr=args.lr, state=folder / "end_to_end",
+                                     report=lambda r: print(json.dumps(r), flush=True), texts=texts)
         method = (f"trained end to end from the {args.start} spec (models/fpt_end_to_end.py): KL of the quantized "
                   "model (int4 weights, int8 values) to the float model, straight-through rounding")
-        extra = {"start": args.start, "steps": args.steps, "batch_rows": args.batch, "lr": args.lr,
+        extra = {"start": args.start, "steps": args.steps, "batch_rows": args.batch, "lr": args.lr, "texts": texts,
                  "row_tokens": args.length, "kept": log["kept"], "held_kl": [round(log["held_kl_start"], 6),
                                                                              round(log["held_kl_trained"], 6)],
                  "train_seconds": log["seconds"]}
@@ -112,6 +117,25 @@ def main(argv=None) -> int:
     (folder / "provenance.json").write_text(json.dumps(provenance, indent=2) + "\n")
     print(json.dumps(provenance, indent=2))
     return 0
+
+
+EXTRA_ROW = 5000
+"""First GSM8K/MATH train row of `--extra-texts` (no calibration, held text, dev split, trace or head used them)."""
+
+
+def extra_batches(hf_dir: Path, n: int) -> tuple[list[torch.Tensor], str]:
+    """Token ids of n GSM8K and n MATH train problems with their solutions from row EXTRA_ROW on, cut as the
+    shipped calibration texts are, and a name for them ("shipped" when n is 0)."""
+    if n <= 0:
+        return [], "shipped"
+    from core.loading import CALIBRATION_TOKENS, load_tokenizer
+
+    tokenizer, data, texts = load_tokenizer(hf_dir), Path(__file__).resolve().parents[2] / "shared" / "data", []
+    for name, question, solution in (("gsm8k", "question", "answer"), ("math", "problem", "solution")):
+        lines = (data / name / "train.jsonl").read_text().splitlines()[EXTRA_ROW:EXTRA_ROW + n]
+        texts += [f"{row[question]}\n{row[solution]}" for row in map(json.loads, lines)]
+    batches = [torch.tensor(tokenizer(t)["input_ids"][:CALIBRATION_TOKENS]) for t in texts]
+    return batches, f"shipped + GSM8K and MATH train rows {EXTRA_ROW}-{EXTRA_ROW + n - 1}"
 
 
 def start_spec(p, start: str, installed, model, batches):

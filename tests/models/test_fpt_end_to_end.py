@@ -50,6 +50,9 @@ def test_end_to_end_training_lowers_held_out_kl_and_keeps_the_float_function(tmp
     assert json.loads((other / "log.json").read_text())["steps_done"] == 8
     with pytest.raises(ValueError, match="other settings"):
         train_end_to_end(float_model(), calibration_texts(), start, length=48, steps=5, state=other)
+    with pytest.raises(ValueError, match="other settings"):  # the same settings on other texts
+        train_end_to_end(float_model(), calibration_texts(), start, length=48, steps=8, batch=2, lr=1e-2,
+                         save_every=3, state=other, texts="shipped + more")
     with pytest.raises(ValueError, match="other settings"):  # the same settings from another start
         train_end_to_end(float_model(), calibration_texts(), spec, length=48, steps=8, batch=2, lr=1e-2,
                          save_every=3, state=other)
