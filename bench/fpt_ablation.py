@@ -12,7 +12,7 @@ solutions 1000-1039, MATH train 1000-1019, Alpaca 0-39; the transforms and GPTQ 
 3000-3031), and the share of W4's KL gap each closes. `--gsm8k-dev N` also answers the dev split (GSM8K train rows
 7100 on, the split every #39/#42 choice is made on) in Fast mode with each row's weights, as `ponder eval` runs
 Fast there (greedy, batches of 8, asked for `\boxed{}`, 512-token cap, the app's int8 KV cache); the answers go to
-bench/results/fpt_ablation_dev/<model>/. Decode speed is the same for every row (same kernels, same shapes):
+bench/results/fpt_ablation_dev/fpt_ablation_<model>[_<tag>]/. Decode speed is the same for every row (same kernels, same shapes):
 `ponder bench quant --decode` measures it. Results: bench/results/fpt_ablation_<model>.{json,md}.
 """
 from __future__ import annotations
@@ -56,8 +56,9 @@ FAST_SYSTEM = "Please reason step by step, and put your final answer within \\bo
 """Fast mode's system prompt in every #39/#42 dev and test comparison (`ponder eval --system`)."""
 
 
-def dev_gsm8k(model, tokenizer, model_id: str, n: int, out: Path) -> dict:
-    """Fast-mode greedy accuracy of `model` (quantized) on the first `n` dev questions, as `ponder eval` runs it."""
+def dev_gsm8k(model, tokenizer, model_id: str, n: int, out: Path, row: str = "") -> dict:
+    """Fast-mode greedy accuracy of `model` (quantized: ablation row `row`) on the first `n` dev questions, as
+    `ponder eval` runs it; its answers go to `out`."""
     from types import SimpleNamespace
 
     from core.data.datasets import load_items
@@ -68,8 +69,8 @@ def dev_gsm8k(model, tokenizer, model_id: str, n: int, out: Path) -> dict:
     engine = Engine(model, tokenizer, model_id=model_id, precision="w4", kv="int8")
     args = SimpleNamespace(mode="base", batch=8, parallel=1, temperature=0, max_tokens=512, budget=0,
                            answer_max_tokens=128, system=FAST_SYSTEM, offset=DEV_OFFSET, vote="weighted", seed=0,
-                           data=data, out=out, progress=False)
-    result = evaluate(engine, load_items(data, n, offset=DEV_OFFSET), args)
+                           data=data, out=out, progress=False, group_size=128)
+    result = {**evaluate(engine, load_items(data, n, offset=DEV_OFFSET), args), "ablation_row": row}
     write_json(out, result)
     return {"gsm8k_dev_accuracy": round(result["accuracy"], 4), "gsm8k_dev_n": result["n"],
             "gsm8k_dev_rows": f"{DEV_OFFSET}-{DEV_OFFSET + result['n'] - 1}"}
@@ -113,7 +114,7 @@ def main(argv=None) -> int:
         if args.gsm8k_dev:
             slug = row.replace(" + ", "+").replace(" ", "_")
             report["rows"][row].update(dev_gsm8k(model, tokenizer, installed.id, args.gsm8k_dev,
-                                                 RESULTS / "fpt_ablation_dev" / installed.id / f"{slug}.json"))
+                                                 RESULTS / "fpt_ablation_dev" / name / f"{slug}.json", row))
         del model
         print(row, json.dumps(report["rows"][row]), file=sys.stderr, flush=True)
         path.write_text(json.dumps(report, indent=2))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from bench.machine import write_results
@@ -27,15 +28,30 @@ def load(path: Path, mode: str) -> dict:
     return run
 
 
-def summary(runs: dict[str, dict], lo: int, hi: int) -> dict:
-    out = {"n": None}
+def summary(runs: dict[str, dict], lo: int, hi: int) -> dict | None:
+    """Each run's accuracy, tokens and Reason share over the rows [lo, hi) of the file; None when it has none."""
+    out = {}
     for name, run in runs.items():
         rows = [q for q in run["questions"] if lo <= q["index"] < hi]
-        out["n"] = len(rows)
-        out[name] = {"accuracy": sum(q["correct"] for q in rows) / max(1, len(rows)),
-                     "tokens": sum(q["thinking_tokens"] + q["answer_tokens"] for q in rows) / max(1, len(rows)),
-                     "reasoned_share": sum(q["reasoned"] for q in rows) / max(1, len(rows))}
+        if not rows:
+            return None
+        out["n"] = len(rows)  # the same for every run: they cover the same rows (checked by `main`)
+        out[name] = {"accuracy": sum(q["correct"] for q in rows) / len(rows),
+                     "tokens": sum(q["thinking_tokens"] + q["answer_tokens"] for q in rows) / len(rows),
+                     "reasoned_share": sum(q["reasoned"] for q in rows) / len(rows)}
     return out
+
+
+def check_comparable(runs: dict[str, dict]) -> None:
+    """The three runs answer the same rows of the same file with the same weights; Reason and Auto think with the
+    same budget."""
+    for key in ("data", "model", "precision", "kv"):
+        if len({str(r.get(key)) for r in runs.values()}) != 1:
+            raise SystemExit(f"the three evaluations differ in {key}: {[r.get(key) for r in runs.values()]}")
+    if len({frozenset(q["index"] for q in r["questions"]) for r in runs.values()}) != 1:
+        raise SystemExit("the three evaluations do not cover the same rows")
+    if runs["reason"]["budget"] != runs["auto"]["budget"]:
+        raise SystemExit(f"Reason thought with budget {runs['reason']['budget']}, Auto with {runs['auto']['budget']}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,16 +62,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tag", default="")
     args = p.parse_args(argv)
     runs = {"fast": load(args.fast, "base"), "reason": load(args.reason, "reason"), "auto": load(args.auto, "auto")}
-    datas = {r["data"] for r in runs.values()}
-    if len(datas) != 1 or len({r["n"] for r in runs.values()}) != 1:
-        raise SystemExit("the three evaluations must cover the same rows of the same file")
-    data = Path(datas.pop())
+    check_comparable(runs)
+    data = Path(runs["auto"]["data"])
     sidecar = data.with_name(data.stem + ".subsets.json")
     parts = json.loads(sidecar.read_text()) if sidecar.is_file() else {}
+    if not parts:
+        print(f"no {sidecar} beside the data: one row for the whole file", file=sys.stderr)
     n = runs["fast"]["n"]
     result = {"data": str(data), "files": {k: str(v) for k, v in vars(args).items() if k != "tag"},
-              "model": runs["auto"]["model"], "budget": runs["auto"]["budget"],
-              "parts": {name: summary(runs, lo, hi) for name, (lo, hi) in parts.items()},
+              "model": runs["auto"]["model"], "precision": runs["auto"]["precision"],
+              "budget": runs["auto"]["budget"], "systems": {k: r.get("system") for k, r in runs.items()},
+              "parts": {name: part for name, (lo, hi) in parts.items() if (part := summary(runs, lo, hi))},
               "all": summary(runs, 0, 10**9)}
     best = max(result["all"]["fast"]["accuracy"], result["all"]["reason"]["accuracy"])
     result["auto_at_least_best"] = result["all"]["auto"]["accuracy"] >= best

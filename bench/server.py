@@ -74,7 +74,7 @@ def one_request(client: httpx.Client, model: str, prompt: str, max_tokens: int) 
 def joint_bound(model: str) -> dict:
     """`bench.joint_bound` in a subprocess before the server starts: what one joint step of r requests costs."""
     out = subprocess.run([sys.executable, "-m", "bench.joint_bound", "--model", model], cwd=ROOT, check=True,
-                         capture_output=True, text=True).stdout
+                         stdout=subprocess.PIPE, text=True).stdout  # its errors reach the terminal
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -151,8 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
-    load_before = [round(x, 2) for x in os.getloadavg()]
     bound = None if args.no_bound else joint_bound(args.model)
+    load_before = [round(x, 2) for x in os.getloadavg()]
     proc, url = start_server(args.model, args.max_batch)
     result = {"model": args.model, "max_tokens": args.max_tokens, "max_batch": args.max_batch, "levels": [],
               "rounds": args.rounds,

@@ -3,9 +3,10 @@
     python -m scripts.make_mixed_dev --out DIR
 
 writes, deterministically (same files on every machine):
-- `arithmetic_train.jsonl`, `arithmetic_dev.jsonl`: one-step sums, differences, products and exact quotients of
-  two- and three-digit numbers, GSM8K-shaped ("question", "answer" ending "#### n"), 200 and 64 rows from two
-  seeds. Both modes should get these right, so thinking only costs time on them.
+- `arithmetic_train.jsonl`, `arithmetic_dev.jsonl`: one-step sums, differences (some negative), products and exact
+  quotients (a two- or three-digit number times a two-digit one, divided back), GSM8K-shaped ("question", "answer"
+  ending "#### n"), 200 and 64 rows from two seeds, no dev question among the train ones. Both modes should get
+  these right, so thinking only costs time on them.
 - `mixed_dev.jsonl`: GSM8K train rows 7100-7195 (the dev split every #39 choice is made on), MATH train rows
   7436-7499 (the file's last 64) and the 64 arithmetic dev rows, in that order — word problems, competition math
   and easy arithmetic, each scored by math-verify; `mixed_dev.subsets.json` names each part's rows.
@@ -60,8 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", type=Path, default=DATA, help="the shared data folder (gsm8k/, math/)")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    write(args.out / "arithmetic_train.jsonl", arithmetic(200, seed=39))
-    dev_arithmetic = arithmetic(64, seed=7100)
+    train = arithmetic(200, seed=39)
+    write(args.out / "arithmetic_train.jsonl", train)
+    dev_arithmetic = [r for r in arithmetic(80, seed=7100) if r not in train][:64]
     write(args.out / "arithmetic_dev.jsonl", dev_arithmetic)
     mixed = (rows_of(args.data / "gsm8k" / "train.jsonl", *GSM8K_DEV)
              + rows_of(args.data / "math" / "train.jsonl", *MATH_DEV) + dev_arithmetic)

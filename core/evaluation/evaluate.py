@@ -76,7 +76,8 @@ def evaluate(engine, items, args) -> dict:
         latency = time.perf_counter() - t
         row = {"index": getattr(args, "offset", 0) + k, "correct": is_correct(answer.text, item.gold),
                "thinking_tokens": answer.thinking_tokens, "text": answer.text, "thinking": answer.thinking,
-               "answer_tokens": answer.answer_tokens or answer.stats.completion_tokens,
+               "answer_tokens": answer.answer_tokens if answer.thinking_tokens else
+               (answer.answer_tokens or answer.stats.completion_tokens),
                "budget_forced": answer.budget_forced, "ttft_s": answer.stats.ttft_s, "latency_s": latency,
                "reasoned": bool(answer.route and answer.route.reason)}
         if answer.candidates:

@@ -88,10 +88,15 @@ def train_benefit_switcher(engine, items: list[Item], reason_right: list[bool], 
 
 def load_benefits(pairs: list[tuple[Path, Path]]) -> tuple[list[Item], list[bool], list[bool], dict]:
     """`load_benefit` over several (Reason, Fast) evaluation pairs (other rows or other data files), pooled; the
-    source lists each pair's."""
-    items, reason_right, fast_right, sources = [], [], [], []
+    source lists each pair's. A question in two pairs is refused (its copies could fall on both sides of a fold)."""
+    items, reason_right, fast_right, sources, seen = [], [], [], [], set()
     for reason_path, fast_path in pairs:
         i, r, f, source = load_benefit(reason_path, fast_path)
+        twice = {item.prompt for item in i} & seen
+        if twice:
+            raise ValueError(f"{reason_path} repeats {len(twice)} question(s) of an earlier pair, e.g. "
+                             f"{next(iter(twice))[:60]!r}")
+        seen |= {item.prompt for item in i}
         items, reason_right, fast_right = items + i, reason_right + r, fast_right + f
         sources.append(source)
     if len(sources) == 1:

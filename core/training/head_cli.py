@@ -48,6 +48,9 @@ def main(argv: list[str]) -> int:
 
         engine = load_engine(EngineConfig(model_id=args.model), reasoning=False)
         items, reason_right, fast_right, source = load_benefits(args.benefit)
+        if "pairs" in source and source["budget"] is None and args.budget is None:
+            raise SystemExit("ponder train switcher: the Reason evaluations thought with different budgets; give "
+                             "--budget (the one auto mode will state)")
         chat = [i for f in args.chat_data for i in load_items(f, args.per_file, shuffle_seed=args.seed)]
         source = {**source, "chat_data": [Path(f).name for f in args.chat_data], "per_file": args.per_file,
                   "command": " ".join(["ponder", "train", what, *rest])}

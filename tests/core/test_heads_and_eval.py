@@ -284,15 +284,19 @@ def test_benefit_switcher_learns_where_thinking_helped(engine, tmp_path):
     (tmp_path / "f.json").write_text(json.dumps(run("base", lambda i: i >= 10)))
     items, reason_right, fast_right, source = load_benefit(tmp_path / "r.json", tmp_path / "f.json")
     assert len(items) == 20 and items[3].prompt.startswith("What is 3*6?") and source["rows"] == "0-19"
-    (tmp_path / "r2.json").write_text(json.dumps({**run("reason", lambda i: i < 10), "questions": [
-        {"index": i, "correct": True} for i in (2, 15)]}))
-    (tmp_path / "f2.json").write_text(json.dumps({**run("base", lambda i: i >= 10), "questions": [
-        {"index": i, "correct": False} for i in (2, 15)]}))
+    more = tmp_path / "more.jsonl"  # a second pair on another file is pooled; a question seen twice is refused
+    more.write_text("".join(json.dumps({"question": f"What is {a} + {a}?", "answer": f"#### {2 * a}"}) + "\n"
+                            for a in (40, 41)))
+    for name, mode, right in (("r2", "reason", True), ("f2", "base", False)):
+        (tmp_path / f"{name}.json").write_text(json.dumps({"mode": mode, "data": str(more), "questions": [
+            {"index": i, "correct": right} for i in (0, 1)]}))
     pooled, r2, f2, pooled_source = load_benefits([(tmp_path / "r.json", tmp_path / "f.json"),
                                                    (tmp_path / "r2.json", tmp_path / "f2.json")])
-    assert [i.prompt for i in pooled[20:]] == [items[2].prompt, items[15].prompt]
+    assert [i.prompt for i in pooled[20:]] == ["What is 40 + 40?", "What is 41 + 41?"]
     assert r2 == reason_right + [True, True] and f2 == fast_right + [False, False]
-    assert [p["rows"] for p in pooled_source["pairs"]] == ["0-19", "2-15"]
+    assert [p["rows"] for p in pooled_source["pairs"]] == ["0-19", "0-1"]
+    with pytest.raises(ValueError, match="repeats 20 question"):
+        load_benefits([(tmp_path / "r.json", tmp_path / "f.json")] * 2)
     chat = [Item(f"Write a haiku about the {w}.", None, "alpaca") for w in ["sea", "sky", "moon", "rain"]]
     metrics = train_benefit_switcher(engine, items, reason_right, fast_right, chat, tmp_path / "sw", budget=64,
                                      report=lambda m: None)
