@@ -59,17 +59,15 @@ FAST_SYSTEM = "Please reason step by step, and put your final answer within \\bo
 def dev_gsm8k(model, tokenizer, model_id: str, n: int, out: Path, row: str = "") -> dict:
     """Fast-mode greedy accuracy of `model` (quantized: ablation row `row`) on the first `n` dev questions, as
     `ponder eval` runs it; its answers go to `out`."""
-    from types import SimpleNamespace
-
     from core.data.datasets import load_items
     from core.engine import Engine
-    from core.evaluation.evaluate import evaluate, write_json
+    from core.evaluation.evaluate import build_parser, evaluate, write_json
 
     data = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k" / "train.jsonl"
     engine = Engine(model, tokenizer, model_id=model_id, precision="w4", kv="int8")
-    args = SimpleNamespace(mode="base", batch=8, parallel=1, temperature=0, max_tokens=512, budget=0,
-                           answer_max_tokens=128, system=FAST_SYSTEM, offset=DEV_OFFSET, vote="weighted", seed=0,
-                           data=data, out=out, progress=False, group_size=128)
+    args = build_parser().parse_args(["--data", str(data), "--offset", str(DEV_OFFSET), "--limit", str(n),
+                                      "--mode", "base", "--batch", "8", "--max-tokens", "512", "--temperature", "0",
+                                      "--system", FAST_SYSTEM, "--out", str(out)])
     result = {**evaluate(engine, load_items(data, n, offset=DEV_OFFSET), args), "ablation_row": row}
     write_json(out, result)
     return {"gsm8k_dev_accuracy": round(result["accuracy"], 4), "gsm8k_dev_n": result["n"],
