@@ -8,9 +8,13 @@ writes, deterministically (same files on every machine):
   ending "#### n"), 200 and 64 rows from two seeds, no dev question among the train ones. Both modes should get
   these right, so thinking only costs time on them.
 - `mixed_dev.jsonl`: GSM8K train rows 7100-7195 (the dev split every #39 choice is made on), MATH train rows
-  7436-7499 (the file's last 64) and the 64 arithmetic dev rows, in that order — word problems, competition math
-  and easy arithmetic, each scored by math-verify; `mixed_dev.subsets.json` names each part's rows.
-Nothing here is a test row; no adapter, head or trace set was made from these train rows.
+  7436-7499 (the file's last 64), the 64 arithmetic dev rows and Alpaca rows 4900-4963 (code and writing
+  instructions), in that order — word problems, competition math and easy arithmetic, each scored by
+  math-verify, then chat, which has no gold answer: timed (thinking there only costs time), not scored;
+  `mixed_dev.subsets.json` names each part's rows. The chat part comes last, so the first 224 rows are the same
+  as before it was added.
+Nothing here is a test row; no adapter, head or trace set was made from these rows (the shipped switchers saw
+Alpaca rows 0-199).
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ from pathlib import Path
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 GSM8K_DEV = (7100, 96)
 MATH_DEV = (7436, 64)
+CHAT_DEV = (4900, 64)
 
 
 def arithmetic(n: int, seed: int) -> list[dict]:
@@ -58,7 +63,7 @@ def write(path: Path, rows: list[dict]) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m scripts.make_mixed_dev", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--data", type=Path, default=DATA, help="the shared data folder (gsm8k/, math/)")
+    p.add_argument("--data", type=Path, default=DATA, help="the shared data folder (gsm8k/, math/, chat/)")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     train = arithmetic(200, seed=39)
@@ -66,10 +71,12 @@ def main(argv: list[str] | None = None) -> int:
     dev_arithmetic = [r for r in arithmetic(80, seed=7100) if r not in train][:64]
     write(args.out / "arithmetic_dev.jsonl", dev_arithmetic)
     mixed = (rows_of(args.data / "gsm8k" / "train.jsonl", *GSM8K_DEV)
-             + rows_of(args.data / "math" / "train.jsonl", *MATH_DEV) + dev_arithmetic)
+             + rows_of(args.data / "math" / "train.jsonl", *MATH_DEV) + dev_arithmetic
+             + rows_of(args.data / "chat" / "alpaca_5k.jsonl", *CHAT_DEV))
     write(args.out / "mixed_dev.jsonl", mixed)
     g, m = GSM8K_DEV[1], MATH_DEV[1]
-    subsets = {"gsm8k": [0, g], "math": [g, g + m], "arithmetic": [g + m, len(mixed)]}
+    a = g + m + len(dev_arithmetic)
+    subsets = {"gsm8k": [0, g], "math": [g, g + m], "arithmetic": [g + m, a], "chat": [a, len(mixed)]}
     (args.out / "mixed_dev.subsets.json").write_text(json.dumps(subsets) + "\n")  # read by bench.routing
     return 0
 

@@ -22,6 +22,16 @@ from core.reasoning.voting import is_correct, score_candidates
 from models.quantization import GROUP_SIZE, GROUP_SIZES, PRECISIONS
 
 
+def grade(text: str, gold: str | None) -> bool | None:
+    """Right or wrong against the gold answer; None for a row without one (a chat instruction: timed, not scored)."""
+    return None if gold is None else is_correct(text, gold)
+
+
+def graded_accuracy(rows: list[dict]) -> float | None:
+    graded = [r["correct"] for r in rows if r["correct"] is not None]
+    return sum(graded) / len(graded) if graded else None
+
+
 def run_one(engine, item, args, sampling):
     kw = {"mode": args.mode, "budget": args.budget or None, "answer_max_tokens": args.answer_max_tokens}
     if args.system:
@@ -34,65 +44,92 @@ def run_one(engine, item, args, sampling):
     raise RuntimeError("no answer")
 
 
-def batched_rows(engine, items, args) -> list[dict]:
-    """Greedy rows for `--batch K`: K questions decoded together (same rules as one at a time)."""
+def batched_rows(engine, pending, args, rows: list[dict], total: int) -> list[dict]:
+    """Greedy rows for `--batch K`: K questions decoded together (same rules as one at a time). `pending`: the
+    (row index, item) pairs still to answer; `rows`: those answered before (a resumed run), kept in row order."""
     reasoning = args.mode == "reason"
     greedy = SamplingConfig(temperature=0, top_k=0, top_p=1.0, repetition_penalty=1.0, max_tokens=args.max_tokens)
-    rows = []
-    for start in range(0, len(items), args.batch):
-        chunk = items[start:start + args.batch]
+    for start in range(0, len(pending), args.batch):
+        chunk = pending[start:start + args.batch]
         t = time.perf_counter()
-        answers = engine.generate_batch([i.prompt for i in chunk], greedy, mode=args.mode, budget=args.budget or None,
-                                        answer_max_tokens=args.answer_max_tokens, system=args.system or DEFAULT_SYSTEM)
-        results = [{"text": a.text, "thinking": a.thinking, "thinking_tokens": a.thinking_tokens,
-                    "answer_tokens": a.answer_tokens, "budget_forced": a.budget_forced} for a in answers]
+        answers = engine.generate_batch([i.prompt for _, i in chunk], greedy, mode=args.mode,
+                                        budget=args.budget or None, answer_max_tokens=args.answer_max_tokens,
+                                        system=args.system or DEFAULT_SYSTEM)
         per_question = (time.perf_counter() - t) / len(chunk)
-        for item, r in zip(chunk, results, strict=True):
-            rows.append({"index": getattr(args, "offset", 0) + len(rows), "correct": is_correct(r["text"], item.gold),
-                         "thinking_tokens": r["thinking_tokens"], "text": r["text"], "thinking": r["thinking"],
-                         "answer_tokens": r["answer_tokens"], "budget_forced": r["budget_forced"], "ttft_s": 0.0,
-                         "latency_s": per_question, "reasoned": reasoning})
-        if getattr(args, "out", None):
-            write_json(args.out, {**summarize(engine, rows, args, args.batch), "partial": len(rows) < len(items),
-                                  "questions": rows})
+        for (index, item), a in zip(chunk, answers, strict=True):
+            rows.append({"index": index, "correct": grade(a.text, item.gold), "thinking_tokens": a.thinking_tokens,
+                         "text": a.text, "thinking": a.thinking, "answer_tokens": a.answer_tokens,
+                         "budget_forced": a.budget_forced, "ttft_s": 0.0, "latency_s": per_question,
+                         "reasoned": reasoning})
+        rows.sort(key=lambda r: r["index"])
+        save_partial(engine, rows, args, args.batch, total)
         if args.progress:
-            acc = sum(r["correct"] for r in rows) / len(rows)
-            print(f"[{len(rows)}/{len(items)}] acc {acc:.3f} {per_question:.1f}s/question", file=sys.stderr, flush=True)
+            print(f"[{len(rows)}/{total}] acc {graded_accuracy(rows)} {per_question:.1f}s/question",
+                  file=sys.stderr, flush=True)
     return rows
 
 
+def save_partial(engine, rows: list[dict], args, batch: int, total: int) -> None:
+    """Write what was measured so far after every question or batch: a long run stopped early keeps it, and
+    `--resume` continues it."""
+    if getattr(args, "out", None):
+        write_json(args.out, {**summarize(engine, rows, args, batch), "partial": len(rows) < total,
+                              "questions": rows})
+
+
+def resumed_rows(path: Path | None, engine, args, indices: set[int]) -> list[dict]:
+    """The rows of an earlier run of the same settings saved at `path` (those among `indices`), to skip; a file of
+    other settings is refused, since its rows would not be comparable."""
+    if path is None or not Path(path).is_file():
+        return []
+    before = json.loads(Path(path).read_text())
+    now = {**settings_of(args), **engine_settings(engine)}
+    if not args.temperature:  # greedy rows do not depend on where the run started; sampled rows are seeded by it
+        now.pop("offset")
+    differ = [k for k in now if k in before and str(before[k]) != str(now[k])]
+    if differ:
+        raise ValueError(f"{path} was measured with other settings ({', '.join(differ)}): not resumed")
+    return [q for q in before.get("questions", []) if q["index"] in indices]
+
+
 def evaluate(engine, items, args) -> dict:
+    """Answer and score `items` (rows `args.offset`…); with `args.resume`, the rows already in `args.out` (same
+    settings) are kept and not answered again."""
     greedy = args.parallel == 1 and args.temperature == 0
     batch = getattr(args, "batch", 1)
     if batch > 1 and not (greedy and args.mode in ("base", "reason")):
         raise ValueError("--batch works for greedy single answers in base or reason mode")
-    rows = batched_rows(engine, items, args) if batch > 1 else []
-    for k, item in enumerate(items if batch <= 1 else []):
+    offset = getattr(args, "offset", 0)
+    indexed = [(offset + k, item) for k, item in enumerate(items)]
+    rows = resumed_rows(args.out, engine, args, {i for i, _ in indexed}) if getattr(args, "resume", False) else []
+    done = {r["index"] for r in rows}
+    pending = [(i, item) for i, item in indexed if i not in done]
+    if batch > 1:
+        rows = batched_rows(engine, pending, args, rows, len(items))
+    for index, item in pending if batch <= 1 else []:
         sampling = SamplingConfig(temperature=args.temperature, top_p=0.95 if not greedy else 1.0, top_k=0,
                                   repetition_penalty=1.0, max_tokens=args.max_tokens,
-                                  seed=None if args.seed is None else args.seed + k)
+                                  seed=None if args.seed is None else args.seed + index - offset)
         t = time.perf_counter()
         answer = run_one(engine, item, args, sampling)
         latency = time.perf_counter() - t
-        row = {"index": getattr(args, "offset", 0) + k, "correct": is_correct(answer.text, item.gold),
+        row = {"index": index, "correct": grade(answer.text, item.gold),
                "thinking_tokens": answer.thinking_tokens, "text": answer.text, "thinking": answer.thinking,
                "answer_tokens": answer.answer_tokens if answer.thinking_tokens else
                (answer.answer_tokens or answer.stats.completion_tokens),
                "budget_forced": answer.budget_forced, "ttft_s": answer.stats.ttft_s, "latency_s": latency,
                "reasoned": bool(answer.route and answer.route.reason)}
-        if answer.candidates:
+        if answer.candidates and item.gold is not None:
             row.update(score_candidates([{"answer": c.final_answer, "score": c.score, "text": c.text,
                                           "thinking": c.thinking, "thinking_tokens": c.thinking_tokens,
                                           "logprob_mean": c.logprob_mean, "logprob_lowest": c.logprob_lowest,
                                           "head_score": c.head_score}
                                          for c in answer.candidates], item.gold))
-        rows.append(row)
-        if getattr(args, "out", None):  # a long run stopped early keeps what it measured
-            write_json(args.out, {**summarize(engine, rows, args, batch), "partial": len(rows) < len(items),
-                                  "questions": rows})
+        rows = sorted([*rows, row], key=lambda r: r["index"])
+        save_partial(engine, rows, args, batch, len(items))
         if args.progress:
-            acc = sum(r["correct"] for r in rows) / len(rows)
-            print(f"[{k + 1}/{len(items)}] acc {acc:.3f} latency {latency:.1f}s", file=sys.stderr, flush=True)
+            print(f"[{len(rows)}/{len(items)}] acc {graded_accuracy(rows)} latency {latency:.1f}s", file=sys.stderr,
+                  flush=True)
     return {**summarize(engine, rows, args, batch), "questions": rows}
 
 
@@ -109,25 +146,37 @@ def reasoning_adapter_name(engine) -> str | None:
     return getattr(slots.reasoning, "name", None) if slots is not None else None
 
 
+def settings_of(args) -> dict:
+    """What makes two runs' answers comparable (the engine's side is checked by the model/precision keys)."""
+    return {"mode": args.mode, "budget": args.budget, "parallel": args.parallel, "vote": args.vote,
+            "temperature": args.temperature, "data": str(args.data), "system": args.system,
+            "max_tokens": args.max_tokens, "answer_max_tokens": args.answer_max_tokens,
+            "seed": getattr(args, "seed", None), "offset": getattr(args, "offset", 0)}
+
+
+def engine_settings(engine) -> dict:
+    return {"model": engine.model_id, "adapter": reasoning_adapter_name(engine), "precision": engine.precision,
+            "kv": engine.kv, "decode": engine.decode,
+            "ff_keep": engine.ff_keep if engine.decode != "dense" else None,
+            "ff_reselect": engine.ff_reselect if engine.decode.startswith("griffin") else None,
+            "ff_decay": engine.ff_decay if engine.decode.startswith("griffin") and engine.ff_reselect else None}
+
+
 def summarize(engine, rows: list[dict], args, batch: int) -> dict:
     mean = lambda key: statistics.fmean(r[key] for r in rows) if rows else 0.0  # noqa: E731
-    out = {"n": len(rows), "accuracy": mean("correct"), "mean_thinking_tokens": mean("thinking_tokens"),
+    out = {"n": len(rows), "accuracy": graded_accuracy(rows) if rows else 0.0,
+           "n_graded": sum(r["correct"] is not None for r in rows), "mean_thinking_tokens": mean("thinking_tokens"),
            "mean_answer_tokens": mean("answer_tokens"), "budget_forced_share": mean("budget_forced"),
            "mean_latency_s": mean("latency_s"), "mean_ttft_s": mean("ttft_s"), "reasoned_share": mean("reasoned"),
-           "mode": args.mode, "budget": args.budget, "parallel": args.parallel, "vote": args.vote,
-           "temperature": args.temperature, "data": str(args.data), "model": engine.model_id,
-           "system": args.system, "batch": batch,
-           "adapter": reasoning_adapter_name(engine), "precision": engine.precision, "kv": engine.kv,
-           "group_size": getattr(args, "group_size", None), "decode": engine.decode,
-           "ff_keep": engine.ff_keep if engine.decode != "dense" else None,
-           "ff_reselect": engine.ff_reselect if engine.decode.startswith("griffin") else None,
-           "ff_decay": engine.ff_decay if engine.decode.startswith("griffin") and engine.ff_reselect else None}
+           **settings_of(args), "batch": batch, "group_size": getattr(args, "group_size", None),
+           **engine_settings(engine)}
     if batch > 1:  # one prefill serves the whole batch: per-question TTFT is not measured
         out["mean_ttft_s"] = None
-    if args.parallel > 1 and rows:
+    voted = [r for r in rows if "pass_at_n" in r]  # graded rows: chat rows have no vote to score
+    if args.parallel > 1 and voted:
         for method in ("weighted", "majority", "best"):
-            out[f"accuracy_{method}"] = mean(f"correct_{method}")
-        out["pass_at_n"] = mean("pass_at_n")
+            out[f"accuracy_{method}"] = statistics.fmean(r[f"correct_{method}"] for r in voted)
+        out["pass_at_n"] = statistics.fmean(r["pass_at_n"] for r in voted)
         out["accuracy"] = out[f"accuracy_{args.vote}"]
     return out
 
@@ -185,6 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--expect", choices=("reason", "base"), help="with --route-only: the right decision for the file")
     p.add_argument("--json", action="store_true")
     p.add_argument("--out", type=Path, default=None, help="also write the JSON result here")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the rows already in --out (a stopped run of the same settings) and answer the rest")
     p.add_argument("--progress", action="store_true")
     return p
 
@@ -207,8 +258,9 @@ def main(argv=None) -> int:
             raise ValueError("--route-only needs --expect reason|base")
         result = route_only(engine, items, args.expect, args.budget)
     else:
-        if any(i.gold is None for i in items):
-            raise ValueError(f"{args.data} has no reference answers; use --route-only for chat prompts")
+        if all(i.gold is None for i in items):
+            print(f"note: {args.data} has no reference answers here: the rows are timed, not scored",
+                  file=sys.stderr)
         result = evaluate(engine, items, args)
     summary = {k: v for k, v in result.items() if k != "questions"}  # per-question rows go to --out only
     text = json.dumps(summary, indent=None if args.json else 2)

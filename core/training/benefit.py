@@ -28,14 +28,15 @@ NOISE = 0.5
 
 
 def benefit_rows(reason: dict, fast: dict) -> list[tuple[int, bool, bool]]:
-    """(row index in the data file, Reason right, Fast right) for every row both evaluations scored."""
+    """(row index in the data file, Reason right, Fast right) for every row both evaluations scored (chat rows,
+    which have no gold answer, carry no label)."""
     if reason.get("data") != fast.get("data"):
         raise ValueError(f"the two evaluations ran on different data ({reason.get('data')} and {fast.get('data')})")
     if reason.get("mode") != "reason" or fast.get("mode") != "base":
         raise ValueError("give a Reason-mode evaluation first and a Fast-mode (base) one second")
-    fast_by_row = {q["index"]: bool(q["correct"]) for q in fast["questions"]}
+    fast_by_row = {q["index"]: bool(q["correct"]) for q in fast["questions"] if q["correct"] is not None}
     rows = [(q["index"], bool(q["correct"]), fast_by_row[q["index"]]) for q in reason["questions"]
-            if q["index"] in fast_by_row]
+            if q["index"] in fast_by_row and q["correct"] is not None]
     if not rows:
         raise ValueError("the two evaluations share no question")
     return rows
