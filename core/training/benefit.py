@@ -8,7 +8,8 @@ labelled 0: no thinking budget is spent on them. The head is the switcher's own 
 features `auto` computes), fitted with the classes balanced; then its threshold is chosen on out-of-fold
 probabilities to maximise the accuracy auto mode would reach on the labelled questions (Reason's answer where it
 routes to Reason, Fast's elsewhere), the highest such threshold winning ties, since every Reason route costs a
-trace. With two modes right on different questions, routing can beat both; with one mode better everywhere, the
+trace, among the thresholds that send at most 5% of the chat prompts to Reason (without that cap, chat rows,
+which carry no accuracy, were sent along: 86% of them on the 0.5B's first try). With two modes right on different questions, routing can beat both; with one mode better everywhere, the
 threshold sends (almost) everything to it.
 """
 from __future__ import annotations
@@ -25,6 +26,8 @@ from core.training.heads import fit_head, switcher_features
 from models.heads import SwitcherHead, save_head
 
 NOISE = 0.5
+MAX_CHAT_SHARE = 0.05
+"""At most this share of the chat prompts may go to Reason at the chosen threshold (out of fold)."""
 
 
 def benefit_rows(reason: dict, fast: dict) -> list[tuple[int, bool, bool]]:
@@ -46,10 +49,16 @@ def auto_accuracy(route_reason: torch.Tensor, reason_right: torch.Tensor, fast_r
     return float(torch.where(route_reason, reason_right, fast_right).float().mean())
 
 
-def pick_threshold(probs: torch.Tensor, reason_right: torch.Tensor, fast_right: torch.Tensor) -> tuple[float, float]:
+def pick_threshold(probs: torch.Tensor, reason_right: torch.Tensor, fast_right: torch.Tensor,
+                   chat_probs: torch.Tensor | None = None, max_chat_share: float = MAX_CHAT_SHARE) -> tuple[float, float]:
     """(threshold, auto accuracy at it): the best accuracy over thresholds between the probabilities, the highest
-    threshold among equals (fewest Reason routes)."""
+    threshold among equals (fewest Reason routes). With `chat_probs`, only thresholds that send at most
+    `max_chat_share` of the chat prompts to Reason count: chat carries no accuracy to weigh, and a chat request
+    answered after a math-style trace is worse, not better (a high enough threshold always qualifies)."""
     candidates = sorted({0.0, 1.0 + 1e-9, *[float(p) for p in probs]}, reverse=True)
+    if chat_probs is not None and len(chat_probs):
+        candidates = [t for t in candidates if float((chat_probs >= t).float().mean()) <= max_chat_share]
+        candidates = candidates or [float(chat_probs.max()) + 1e-9]
     best = max(candidates, key=lambda t: (round(auto_accuracy(probs >= t, reason_right, fast_right), 9), t))
     return best, auto_accuracy(probs >= best, reason_right, fast_right)
 
@@ -72,7 +81,7 @@ def train_benefit_switcher(engine, items: list[Item], reason_right: list[bool], 
         head = fit_head(SwitcherHead(x.shape[1]), x[tr], y[tr], epochs=400, lr=1e-2, noise=NOISE, seed=seed)
         with torch.no_grad():
             probs[va] = torch.sigmoid(head(x[va]))
-    threshold, oof_auto = pick_threshold(probs[:n], r, f)
+    threshold, oof_auto = pick_threshold(probs[:n], r, f, probs[n:], MAX_CHAT_SHARE)
     head = fit_head(SwitcherHead(x.shape[1]), x, y, epochs=400, lr=1e-2, noise=NOISE, seed=seed)
     metrics = {"routes_by": "benefit", "threshold": threshold, "n_questions": n, "n_chat": len(chat_items),
                "thinking_helped": int(y[:n].sum()), "fast_only_right": int((f & ~r).sum()),
@@ -80,6 +89,7 @@ def train_benefit_switcher(engine, items: list[Item], reason_right: list[bool], 
                "oracle_accuracy": float((r | f).float().mean()), "auto_accuracy_oof": oof_auto,
                "reason_share_oof": float((probs[:n] >= threshold).float().mean()),
                "chat_reason_share_oof": float((probs[n:] >= threshold).float().mean()) if chat_items else None,
+               "max_chat_share": MAX_CHAT_SHARE,
                "auc_oof": pairwise_auc(probs, y), "folds": folds, "budget": budget}
     save_head(head, out, {"kind": "switcher", "hidden_size": x.shape[1], "width": 8, "chunk": 128, "alpha": 0.5,
                           "noise": NOISE, "model": engine.model_id, "precision": engine.precision, **metrics,

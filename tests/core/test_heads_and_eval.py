@@ -264,6 +264,12 @@ def test_benefit_threshold_maximises_auto_accuracy_and_prefers_fewer_reason_rout
     # Fast right everywhere: nothing is routed to Reason
     threshold, acc = pick_threshold(probs, reason, torch.ones(4, dtype=torch.bool))
     assert acc == 1.0 and threshold > 0.9
+    # chat prompts scored as high as the question that needs thinking: routing it would send them too, so the
+    # threshold stays above them (at most 5% of chat to Reason) and Auto keeps Fast's 3 of 4
+    chat = torch.tensor([0.95, 0.85, 0.1])
+    threshold, acc = pick_threshold(probs, reason, fast, chat)
+    assert acc == 0.75 and threshold > 0.95
+    assert pick_threshold(probs, reason, fast, torch.tensor([0.1, 0.2])) == (pytest.approx(0.9), 1.0)
 
 
 def test_benefit_switcher_learns_where_thinking_helped(engine, tmp_path):
