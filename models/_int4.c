@@ -10,7 +10,7 @@
 //   sum_k w_k x_k = sum_g [ s_g * sum_k (128 + q_k) x_k + (z_g - 136 s_g) * sum_k x_k ].
 // Each row's arithmetic is the same whatever the number of rows, so batched and one-at-a-time decoding agree.
 //
-// Five paths, chosen per call (`isa`), each for the layout torch packs for its CPU capability:
+// Six paths, chosen per call (`isa`), each for the layout torch packs for its CPU capability:
 //   ISA_BF16   AVX512-BF16 + VBMI, torch's AVX512 layout (above): vdpbf16ps on bf16 pairs.
 //   ISA_AVX512 AVX-512 F/BW + VBMI without BF16 (Ice Lake, Sapphire Rapids with BF16 masked): the same layout;
 //              one vpermt2b per 16 outputs makes the fp32 value 128 + q directly (bits 0x43000000 | q << 16),
@@ -26,6 +26,11 @@
 //              activations of ISA_VNNI; two consecutive 16-byte lines (inputs k, k+1) interleave into int16 pairs
 //              (q_k, q_k+1) per output and the VEX vpdpwssd sums 16 products an instruction, where ISA_AVX2's FMA
 //              does 8 after converting every nibble to fp32.
+//   ISA_A8     AVX-512 VNNI + VBMI, opt-in (`PONDER_INT4_KERNEL=avx512-a8`): torch's AVX512 layout with x held as
+//              int8 per group (max |x| / 127, one fp32 scale a row and group), so it computes with rounded
+//              activations (W4A8, as llama.cpp's Q4_0 x Q8_0 does). Two consecutive lines (inputs 4t..4t+3) make,
+//              with one vpermt2b per 16 outputs, four u8 weights a dword, and vpdpbusd sums 64 products an
+//              instruction, twice vdpbf16ps's 32: the lever where several rows make the step compute-bound.
 // The fp32 and int paths round their sums to bf16 to nearest even in software. `features()` says which sets this CPU
 // has. Threads: OpenMP, which resolves to torch's own libgomp when torch is loaded first (same soname), so both
 // share one pool.
@@ -47,7 +52,7 @@
 #define AVXVNNI_TARGET __attribute__((target("avx2,fma,avxvnni")))
 #define MAX_VNNI_GROUP 2048  // 15 * 32767 * 2048 < 2^31: a group's integer sum cannot overflow
 
-enum { ISA_BF16 = 0, ISA_AVX512 = 1, ISA_AVX2 = 2, ISA_VNNI = 3, ISA_AVXVNNI = 4, ISA_LAST = ISA_AVXVNNI };
+enum { ISA_BF16 = 0, ISA_AVX512 = 1, ISA_AVX2 = 2, ISA_VNNI = 3, ISA_AVXVNNI = 4, ISA_A8 = 5, ISA_LAST = ISA_A8 };
 
 // Up to 4 rows per pass over a block: 4 rows x 4 output quarters accumulators.
 KERNEL_TARGET static inline __attribute__((always_inline)) void block_rows(const uint8_t* blk, const uint32_t* scales32,
@@ -372,6 +377,102 @@ AVXVNNI_TARGET static void blocks_avxvnni(const uint8_t* packed, const uint32_t*
     }
 }
 
+// ISA_A8: up to 4 rows over one block of 64 outputs, two lines (four inputs) a step; xb8 is x as int8 (four
+// consecutive inputs read as one int32), xscale one scale per row and group.
+VNNI_TARGET static inline __attribute__((always_inline)) void block_rows_a8(const uint8_t* blk,
+        const uint32_t* scales32, const int8_t* xb8, const float* xscale, const float* xsum, float* out,
+        uint16_t* y, const int rows, int n0, int N, int K, int group) {
+    const __m512i nib = _mm512_set1_epi8(0x0F);
+    // dword i: bytes (i, 32 + i) of the first line and (i, 32 + i) of the second -> inputs 4t..4t+3 of output i
+    const __m512i idx0 = _mm512_add_epi32(_mm512_set1_epi32(0x60402000),
+        _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                           _mm512_set1_epi32(0x01010101)));
+    const __m512i idx1 = _mm512_add_epi8(idx0, _mm512_set1_epi8(0x10));
+    const int groups = K / group;
+    const int quads = group / 4;
+    for (int i = 0; i < rows * 64; i++) out[i] = 0.0f;
+    const uint8_t* line = blk;
+    for (int g = 0; g < groups; g++) {
+        __m512i acc[4][4];
+        for (int r = 0; r < rows; r++)
+            for (int q = 0; q < 4; q++) acc[r][q] = _mm512_setzero_si512();
+        for (int t = g * quads; t < (g + 1) * quads; t++, line += 128) {
+            _mm_prefetch((const char*)(line + PREFETCH), _MM_HINT_T0);
+            _mm_prefetch((const char*)(line + PREFETCH + 64), _MM_HINT_T0);
+            const __m512i v0 = _mm512_loadu_si512((const void*)line);
+            const __m512i v1 = _mm512_loadu_si512((const void*)(line + 64));
+            const __m512i lo0 = _mm512_and_si512(v0, nib), hi0 = _mm512_and_si512(_mm512_srli_epi16(v0, 4), nib);
+            const __m512i lo1 = _mm512_and_si512(v1, nib), hi1 = _mm512_and_si512(_mm512_srli_epi16(v1, 4), nib);
+            const __m512i w[4] = {_mm512_permutex2var_epi8(lo0, idx0, lo1), _mm512_permutex2var_epi8(lo0, idx1, lo1),
+                                  _mm512_permutex2var_epi8(hi0, idx0, hi1), _mm512_permutex2var_epi8(hi0, idx1, hi1)};
+            for (int r = 0; r < rows; r++) {
+                const __m512i xb = _mm512_set1_epi32(((const int32_t*)(xb8 + (size_t)r * K))[t]);
+                for (int q = 0; q < 4; q++) acc[r][q] = _mm512_dpbusd_epi32(acc[r][q], w[q], xb);
+            }
+        }
+        const uint32_t* sz = scales32 + (size_t)g * N + n0;
+        for (int q = 0; q < 4; q++) {
+            const __m512i packed = _mm512_loadu_si512((const void*)(sz + 16 * q));
+            const __m512 s = _mm512_castsi512_ps(_mm512_slli_epi32(packed, 16));
+            const __m512 z = _mm512_castsi512_ps(_mm512_and_si512(packed, _mm512_set1_epi32((int)0xFFFF0000u)));
+            const __m512 offset = _mm512_fnmadd_ps(s, _mm512_set1_ps(8.0f), z);
+            for (int r = 0; r < rows; r++) {
+                const __m512 sx = _mm512_mul_ps(s, _mm512_set1_ps(xscale[r * groups + g]));
+                __m512 o = _mm512_fmadd_ps(sx, _mm512_cvtepi32_ps(acc[r][q]), _mm512_loadu_ps(out + r * 64 + 16 * q));
+                o = _mm512_fmadd_ps(offset, _mm512_set1_ps(xsum[r * groups + g]), o);
+                _mm512_storeu_ps(out + r * 64 + 16 * q, o);
+            }
+        }
+    }
+    for (int r = 0; r < rows; r++)
+        for (int q = 0; q < 4; q++)
+            _mm256_storeu_si256((__m256i*)(y + (size_t)r * N + n0 + 16 * q), bf16_512(_mm512_loadu_ps(out + r * 64 + 16 * q)));
+}
+
+VNNI_TARGET static void blocks_a8(const uint8_t* packed, const uint32_t* scales32, const int8_t* xb8,
+                                  const float* xscale, const float* xsum, uint16_t* y, int M, int N, int K,
+                                  int group) {
+    const int groups = K / group;
+    #pragma omp parallel for schedule(static)
+    for (int b = 0; b < N / 64; b++) {
+        float out[4 * 64] __attribute__((aligned(64)));
+        const uint8_t* blk = packed + (size_t)b * K * 32;
+        for (int m = 0; m < M; m += 4) {
+            const int rows = M - m;
+            const int8_t* xm = xb8 + (size_t)m * K;
+            const float* cm = xscale + m * groups;
+            const float* sm = xsum + m * groups;
+            uint16_t* ym = y + (size_t)m * N;
+            if (rows >= 4) block_rows_a8(blk, scales32, xm, cm, sm, out, ym, 4, b * 64, N, K, group);
+            else if (rows == 3) block_rows_a8(blk, scales32, xm, cm, sm, out, ym, 3, b * 64, N, K, group);
+            else if (rows == 2) block_rows_a8(blk, scales32, xm, cm, sm, out, ym, 2, b * 64, N, K, group);
+            else block_rows_a8(blk, scales32, xm, cm, sm, out, ym, 1, b * 64, N, K, group);
+        }
+    }
+}
+
+// x as int8 per group: q = round(x / scale), scale = max |x| / 127 (0 for an all-zero group). xsum becomes the
+// rounded x's sum (scale * sum q, exact in int): the product is then exactly W times the rounded x, whose error
+// meets the weights centred (q - 8), not the raw nibbles q (which would add 7.5 s times the rounding errors' sum).
+static void to_int8(const uint16_t* x, int8_t* xb8, float* xscale, float* xsum, int M, int K, int group) {
+    const int groups = K / group;
+    for (int m = 0; m < M; m++)
+        for (int g = 0; g < groups; g++) {
+            const uint16_t* xg = x + (size_t)m * K + (size_t)g * group;
+            int8_t* qg = xb8 + (size_t)m * K + (size_t)g * group;
+            float amax = 0.0f;
+            for (int k = 0; k < group; k++) amax = fmaxf(amax, fabsf(bf16_to_float(xg[k])));
+            const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+            int sum = 0;
+            for (int k = 0; k < group; k++) {
+                qg[k] = (int8_t)lrintf(bf16_to_float(xg[k]) * inv);
+                sum += qg[k];
+            }
+            xscale[m * groups + g] = amax / 127.0f;
+            xsum[m * groups + g] = (float)sum * (amax / 127.0f);
+        }
+}
+
 // x as int16 per group: q = round(x / scale), scale = max |x| / 32767 (0 for an all-zero group).
 static void to_int16(const uint16_t* x, int16_t* xi, float* xscale, int M, int K, int group) {
     const int groups = K / group;
@@ -450,11 +551,15 @@ static int int4_mm(const uint8_t* packed, const uint32_t* scales32, const uint16
     float* xf = fp32 ? (float*)malloc(sizeof(float) * (size_t)M * K) : NULL;
     const int ints = isa == ISA_VNNI || isa == ISA_AVXVNNI;
     int16_t* xi = ints ? (int16_t*)malloc(sizeof(int16_t) * (size_t)M * K) : NULL;
-    float* xscale = ints ? (float*)malloc(sizeof(float) * (size_t)M * groups) : NULL;
-    if (xsum == NULL || (fp32 && xf == NULL) || (ints && (xi == NULL || xscale == NULL))) {
+    const int a8 = isa == ISA_A8;
+    int8_t* xb8 = a8 ? (int8_t*)malloc((size_t)M * K) : NULL;
+    float* xscale = ints || a8 ? (float*)malloc(sizeof(float) * (size_t)M * groups) : NULL;
+    if (xsum == NULL || (fp32 && xf == NULL) || (ints && xi == NULL) || (a8 && xb8 == NULL) ||
+        ((ints || a8) && xscale == NULL)) {
         free(xsum);
         free(xf);
         free(xi);
+        free(xb8);
         free(xscale);
         return -1;
     }
@@ -467,7 +572,9 @@ static int int4_mm(const uint8_t* packed, const uint32_t* scales32, const uint16
     if (xf != NULL)
         for (size_t i = 0; i < (size_t)M * K; i++) xf[i] = bf16_to_float(x[i]);
     if (xi != NULL) to_int16(x, xi, xscale, M, K, group);
-    if (isa == ISA_BF16) blocks_bf16(packed, scales32, x, xsum, y, M, N, K, group);
+    if (xb8 != NULL) to_int8(x, xb8, xscale, xsum, M, K, group);
+    if (isa == ISA_A8) blocks_a8(packed, scales32, xb8, xscale, xsum, y, M, N, K, group);
+    else if (isa == ISA_BF16) blocks_bf16(packed, scales32, x, xsum, y, M, N, K, group);
     else if (isa == ISA_VNNI) blocks_vnni(packed, scales32, xi, xscale, xsum, y, M, N, K, group);
     else if (isa == ISA_AVXVNNI) blocks_avxvnni(packed, scales32, xi, xscale, xsum, y, M, N, K, group);
     else if (isa == ISA_AVX512) blocks_f512(packed, scales32, xf, xsum, y, M, N, K, group);
@@ -475,6 +582,7 @@ static int int4_mm(const uint8_t* packed, const uint32_t* scales32, const uint16
     free(xsum);
     free(xf);
     free(xi);
+    free(xb8);
     free(xscale);
     return 0;
 }
@@ -504,6 +612,7 @@ static int cpu_features(void) {  // bit i: ISA i runs on this CPU
     return (avx512 && __builtin_cpu_supports("avx512bf16")) << ISA_BF16 | avx512 << ISA_AVX512 |
            (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) << ISA_AVX2 |
            (avx512 && __builtin_cpu_supports("avx512vnni")) << ISA_VNNI |
+           (avx512 && __builtin_cpu_supports("avx512vnni")) << ISA_A8 |
            (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
             __builtin_cpu_supports("avxvnni") != 0) << ISA_AVXVNNI;
 }
@@ -608,6 +717,7 @@ PyMODINIT_FUNC PyInit__int4(void) {
         PyModule_AddIntConstant(m, "ISA_AVX2", ISA_AVX2);
         PyModule_AddIntConstant(m, "ISA_AVXVNNI", ISA_AVXVNNI);
         PyModule_AddIntConstant(m, "ISA_VNNI", ISA_VNNI);
+        PyModule_AddIntConstant(m, "ISA_A8", ISA_A8);
         PyModule_AddIntConstant(m, "MAX_VNNI_GROUP", MAX_VNNI_GROUP);
     }
     return m;

@@ -9,7 +9,8 @@ to bf16 in one pass (`unpack`), for long prompts.
 It is built at install as an optional C extension; where it could not be built, where torch packs a layout it has
 no path for, or where `PONDER_INT4_KERNEL=torch` is set, every call goes to torch's `_weight_int4pack_mm_for_cpu`.
 `PONDER_INT4_KERNEL=avx512-vnni|avx512|avx2-vnni|avx2` forces a lower path (with `ATEN_CPU_CAPABILITY=avx2`, an AVX2
-laptop's layout).
+laptop's layout); `PONDER_INT4_KERNEL=avx512-a8` opts in to int8 activations (vpdpbusd, twice the products an
+instruction: for several rows at once).
 Each row's arithmetic is the same whatever the number of rows, so batched and one-at-a-time decoding give the same
 tokens on either kernel.
 """
@@ -32,8 +33,11 @@ MAX_ROWS = _int4.MAX_ROWS if _int4 is not None else 0
 
 PATHS = {"AVX512": ("avx512-bf16", "avx512-vnni", "avx512"), "AVX2": ("avx2-vnni", "avx2")}
 """The kernel's paths that read the layout torch packs for each of its CPU capabilities, best first."""
+OPT_IN = {"AVX512": ("avx512-a8",)}
+"""Paths taken only when `PONDER_INT4_KERNEL` names them: `avx512-a8` rounds activations to int8 per group (W4A8),
+so it changes what the model computes; its effect on the model is measured before it may become a default."""
 _CODES = {"avx512-bf16": "ISA_BF16", "avx512-vnni": "ISA_VNNI", "avx512": "ISA_AVX512", "avx2-vnni": "ISA_AVXVNNI",
-          "avx2": "ISA_AVX2"}
+          "avx2": "ISA_AVX2", "avx512-a8": "ISA_A8"}
 INT16_PATHS = ("avx512-vnni", "avx2-vnni")
 """Paths that hold activations as int16 per group (at most MAX_VNNI_GROUP inputs a group)."""
 
@@ -43,7 +47,8 @@ def _choose() -> str | None:
     forced = os.environ.get("PONDER_INT4_KERNEL", "").lower()
     if _int4 is None or forced == "torch":
         return None
-    for name in PATHS.get(torch.backends.cpu.get_cpu_capability(), ()):
+    capability = torch.backends.cpu.get_cpu_capability()
+    for name in PATHS.get(capability, ()) + (OPT_IN.get(capability, ()) if forced else ()):
         code = getattr(_int4, _CODES[name], None)
         if code is None:  # an extension built before this path existed
             continue

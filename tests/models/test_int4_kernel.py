@@ -194,3 +194,48 @@ def test_the_avx2_paths_pass_these_tests_on_torchs_avx2_packing(path):
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
                           "not avx2_paths_pass"], env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-3000:]
+
+
+def int8_rounded(x: torch.Tensor, group: int) -> torch.Tensor:
+    """x rounded to int8 per row and group as the avx512-a8 path rounds it (scale max |x| / 127, in fp32)."""
+    xf = x.float().view(x.shape[0], -1, group)
+    amax = xf.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax > 0, torch.tensor(127.0) / amax, torch.zeros_like(amax))
+    return (torch.round(xf * inv).double() * (amax / 127.0).double()).view(x.shape)
+
+
+def test_the_int8_activation_path_computes_w_times_the_rounded_activations():
+    """`avx512-a8` (opt-in) rounds each row's activations to int8 per group and then multiplies exactly: within
+    one bf16 rounding of the float64 product with the rounded x, the same for a row alone or in a batch, and
+    within 2% of the largest exact output (the price of 8-bit activations, measured on the model before use)."""
+    code = getattr(int4_kernel._int4, "ISA_A8", None) if int4_kernel._int4 is not None else None
+    if code is None or not int4_kernel._int4.features() >> code & 1:
+        pytest.skip("needs the built kernel and AVX-512 VNNI")
+    if torch.backends.cpu.get_cpu_capability() != "AVX512":
+        pytest.skip("the path reads torch's AVX512 packing")
+    packed, scales, weight = random_int4(640, 1024, 128)
+    x = torch.randn(7, 1024, generator=torch.Generator().manual_seed(9)).to(torch.bfloat16)
+
+    def run(rows: torch.Tensor) -> torch.Tensor:
+        y = torch.empty(rows.shape[0], 640, dtype=torch.bfloat16)
+        int4_kernel._int4.mm(packed.data_ptr(), scales.data_ptr(), rows.data_ptr(), y.data_ptr(), rows.shape[0], 640,
+                             1024, 128, code)
+        return y
+    y = run(x)
+    rounded = int8_rounded(x, 128) @ weight.t()
+    assert (y.double() - rounded).abs().max() <= rounded.abs().max() * 2 ** -7
+    assert torch.equal(y, torch.cat([run(x[i:i + 1].clone()) for i in range(7)]))
+    exact = x.double() @ weight.t()
+    assert (y.double() - exact).abs().max() <= exact.abs().max() * 0.02
+
+
+def test_int8_activations_are_opt_in():
+    """The default path never rounds activations; `PONDER_INT4_KERNEL=avx512-a8` chooses it where the CPU has it."""
+    assert int4_kernel.PATH != "avx512-a8" or os.environ.get("PONDER_INT4_KERNEL") == "avx512-a8"
+    code = getattr(int4_kernel._int4, "ISA_A8", None) if int4_kernel._int4 is not None else None
+    if code is None or not int4_kernel._int4.features() >> code & 1 or torch.backends.cpu.get_cpu_capability() != "AVX512":
+        pytest.skip("needs the built kernel, AVX-512 VNNI and torch's AVX512 packing")
+    env = dict(os.environ, PONDER_INT4_KERNEL="avx512-a8")
+    probe = subprocess.run([sys.executable, "-c", "from models import int4_kernel; print(int4_kernel.kernel_name())"],
+                           env=env, capture_output=True, text=True, timeout=120)
+    assert probe.stdout.strip() == "ponder avx512-a8", probe.stderr
