@@ -124,6 +124,31 @@ AVX2_TARGET static inline __m128i bf16_256(__m256 v) {
     return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
 }
 
+// The int paths' group step: out += s * xscale * acc + (z - 8 s) * xsum for up to 4 rows of 64 outputs.
+VNNI_TARGET static inline __attribute__((always_inline)) void add_int_group(const uint32_t* sz, __m512i acc[4][4],
+        const float* xscale, const float* xsum, float* out, const int rows, int g, int groups) {
+    for (int q = 0; q < 4; q++) {
+        const __m512i packed = _mm512_loadu_si512((const void*)(sz + 16 * q));
+        const __m512 s = _mm512_castsi512_ps(_mm512_slli_epi32(packed, 16));
+        const __m512 z = _mm512_castsi512_ps(_mm512_and_si512(packed, _mm512_set1_epi32((int)0xFFFF0000u)));
+        const __m512 offset = _mm512_fnmadd_ps(s, _mm512_set1_ps(8.0f), z);
+        for (int r = 0; r < rows; r++) {
+            const __m512 sx = _mm512_mul_ps(s, _mm512_set1_ps(xscale[r * groups + g]));
+            __m512 o = _mm512_fmadd_ps(sx, _mm512_cvtepi32_ps(acc[r][q]), _mm512_loadu_ps(out + r * 64 + 16 * q));
+            o = _mm512_fmadd_ps(offset, _mm512_set1_ps(xsum[r * groups + g]), o);
+            _mm512_storeu_ps(out + r * 64 + 16 * q, o);
+        }
+    }
+}
+
+// Rounds `rows` rows of 64 fp32 sums in `out` to bf16 into y (row stride N, from output n0).
+F512_TARGET static inline __attribute__((always_inline)) void store_rows_bf16(const float* out, uint16_t* y, int rows,
+                                                                             int N, int n0) {
+    for (int r = 0; r < rows; r++)
+        for (int q = 0; q < 4; q++)
+            _mm256_storeu_si256((__m256i*)(y + (size_t)r * N + n0 + 16 * q), bf16_512(_mm512_loadu_ps(out + r * 64 + 16 * q)));
+}
+
 // ISA_AVX512: up to 4 rows over one block of 64 outputs; xf is x in fp32, out a scratch of rows x 64 floats.
 F512_TARGET static inline __attribute__((always_inline)) void block_rows_f512(const uint8_t* blk,
         const uint32_t* scales32, const float* xf, const float* xsum, float* out, uint16_t* y, const int rows,
@@ -175,9 +200,7 @@ F512_TARGET static inline __attribute__((always_inline)) void block_rows_f512(co
             }
         }
     }
-    for (int r = 0; r < rows; r++)
-        for (int q = 0; q < 4; q++)
-            _mm256_storeu_si256((__m256i*)(y + (size_t)r * N + n0 + 16 * q), bf16_512(_mm512_loadu_ps(out + r * 64 + 16 * q)));
+    store_rows_bf16(out, y, rows, N, n0);
 }
 
 // ISA_AVX2: up to 2 rows over one block of 32 outputs (torch's AVX2 layout, 16 bytes per input).
@@ -263,44 +286,80 @@ VNNI_TARGET static inline __attribute__((always_inline)) void block_rows_vnni(co
         if (sets == 2)
             for (int r = 0; r < rows; r++)
                 for (int q = 0; q < 4; q++) acc[0][r][q] = _mm512_add_epi32(acc[0][r][q], acc[1][r][q]);
-        const uint32_t* sz = scales32 + (size_t)g * N + n0;
-        for (int q = 0; q < 4; q++) {
-            const __m512i packed = _mm512_loadu_si512((const void*)(sz + 16 * q));
-            const __m512 s = _mm512_castsi512_ps(_mm512_slli_epi32(packed, 16));
-            const __m512 z = _mm512_castsi512_ps(_mm512_and_si512(packed, _mm512_set1_epi32((int)0xFFFF0000u)));
-            const __m512 offset = _mm512_fnmadd_ps(s, _mm512_set1_ps(8.0f), z);
-            for (int r = 0; r < rows; r++) {
-                const __m512 sx = _mm512_mul_ps(s, _mm512_set1_ps(xscale[r * groups + g]));
-                __m512 o = _mm512_fmadd_ps(sx, _mm512_cvtepi32_ps(acc[0][r][q]), _mm512_loadu_ps(out + r * 64 + 16 * q));
-                o = _mm512_fmadd_ps(offset, _mm512_set1_ps(xsum[r * groups + g]), o);
-                _mm512_storeu_ps(out + r * 64 + 16 * q, o);
-            }
-        }
+        add_int_group(scales32 + (size_t)g * N + n0, acc[0], xscale, xsum, out, rows, g, groups);
     }
-    for (int r = 0; r < rows; r++)
-        for (int q = 0; q < 4; q++)
-            _mm256_storeu_si256((__m256i*)(y + (size_t)r * N + n0 + 16 * q), bf16_512(_mm512_loadu_ps(out + r * 64 + 16 * q)));
+    store_rows_bf16(out, y, rows, N, n0);
 }
 
-VNNI_TARGET static void blocks_vnni(const uint8_t* packed, const uint32_t* scales32, const int16_t* xi,
-                                    const float* xscale, const float* xsum, uint16_t* y, int M, int N, int K,
-                                    int group) {
+// ISA_A8: up to 4 rows over one block of 64 outputs, two lines (four inputs) a step; xb8 is x as int8 (four
+// consecutive inputs read as one int32), xscale one scale per row and group.
+VNNI_TARGET static inline __attribute__((always_inline)) void block_rows_a8(const uint8_t* blk,
+        const uint32_t* scales32, const int8_t* xb8, const float* xscale, const float* xsum, float* out,
+        uint16_t* y, const int rows, int n0, int N, int K, int group) {
+    const __m512i nib = _mm512_set1_epi8(0x0F);
+    // dword i: bytes (i, 32 + i) of the first line and (i, 32 + i) of the second -> inputs 4t..4t+3 of output i
+    const __m512i idx0 = _mm512_add_epi32(_mm512_set1_epi32(0x60402000),
+        _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                           _mm512_set1_epi32(0x01010101)));
+    const __m512i idx1 = _mm512_add_epi8(idx0, _mm512_set1_epi8(0x10));
     const int groups = K / group;
+    const int quads = group / 4;
+    for (int i = 0; i < rows * 64; i++) out[i] = 0.0f;
+    const uint8_t* line = blk;
+    for (int g = 0; g < groups; g++) {
+        __m512i acc[4][4];
+        for (int r = 0; r < rows; r++)
+            for (int q = 0; q < 4; q++) acc[r][q] = _mm512_setzero_si512();
+        for (int t = g * quads; t < (g + 1) * quads; t++, line += 128) {
+            _mm_prefetch((const char*)(line + PREFETCH), _MM_HINT_T0);
+            _mm_prefetch((const char*)(line + PREFETCH + 64), _MM_HINT_T0);
+            const __m512i v0 = _mm512_loadu_si512((const void*)line);
+            const __m512i v1 = _mm512_loadu_si512((const void*)(line + 64));
+            const __m512i lo0 = _mm512_and_si512(v0, nib), hi0 = _mm512_and_si512(_mm512_srli_epi16(v0, 4), nib);
+            const __m512i lo1 = _mm512_and_si512(v1, nib), hi1 = _mm512_and_si512(_mm512_srli_epi16(v1, 4), nib);
+            const __m512i w[4] = {_mm512_permutex2var_epi8(lo0, idx0, lo1), _mm512_permutex2var_epi8(lo0, idx1, lo1),
+                                  _mm512_permutex2var_epi8(hi0, idx0, hi1), _mm512_permutex2var_epi8(hi0, idx1, hi1)};
+            for (int r = 0; r < rows; r++) {
+                const __m512i xb = _mm512_set1_epi32(((const int32_t*)(xb8 + (size_t)r * K))[t]);
+                for (int q = 0; q < 4; q++) acc[r][q] = _mm512_dpbusd_epi32(acc[r][q], w[q], xb);
+            }
+        }
+        add_int_group(scales32 + (size_t)g * N + n0, acc, xscale, xsum, out, rows, g, groups);
+    }
+    store_rows_bf16(out, y, rows, N, n0);
+}
+
+// The int-activation paths of the AVX512 layout, ISA_VNNI (xq: int16) and ISA_A8 (xq: int8), 4 rows a pass.
+VNNI_TARGET static inline __attribute__((always_inline)) void rows_int(const uint8_t* blk, const uint32_t* scales32,
+        const void* xq, const float* xscale, const float* xsum, float* out, uint16_t* y, int rows, int n0, int N,
+        int K, int group, int a8) {
+    if (a8) {
+        const int8_t* x8 = (const int8_t*)xq;
+        if (rows >= 4) block_rows_a8(blk, scales32, x8, xscale, xsum, out, y, 4, n0, N, K, group);
+        else if (rows == 3) block_rows_a8(blk, scales32, x8, xscale, xsum, out, y, 3, n0, N, K, group);
+        else if (rows == 2) block_rows_a8(blk, scales32, x8, xscale, xsum, out, y, 2, n0, N, K, group);
+        else block_rows_a8(blk, scales32, x8, xscale, xsum, out, y, 1, n0, N, K, group);
+    } else {
+        const int16_t* x16 = (const int16_t*)xq;
+        if (rows >= 4) block_rows_vnni(blk, scales32, x16, xscale, xsum, out, y, 4, n0, N, K, group);
+        else if (rows == 3) block_rows_vnni(blk, scales32, x16, xscale, xsum, out, y, 3, n0, N, K, group);
+        else if (rows == 2) block_rows_vnni(blk, scales32, x16, xscale, xsum, out, y, 2, n0, N, K, group);
+        else block_rows_vnni(blk, scales32, x16, xscale, xsum, out, y, 1, n0, N, K, group);
+    }
+}
+
+VNNI_TARGET static void blocks_int(const uint8_t* packed, const uint32_t* scales32, const void* xq,
+                                   const float* xscale, const float* xsum, uint16_t* y, int M, int N, int K,
+                                   int group, int a8) {
+    const int groups = K / group;
+    const size_t width = a8 ? 1 : 2;  // bytes an activation
     #pragma omp parallel for schedule(static)
     for (int b = 0; b < N / 64; b++) {
         float out[4 * 64] __attribute__((aligned(64)));
         const uint8_t* blk = packed + (size_t)b * K * 32;
-        for (int m = 0; m < M; m += 4) {
-            const int rows = M - m;
-            const int16_t* xm = xi + (size_t)m * K;
-            const float* cm = xscale + m * groups;
-            const float* sm = xsum + m * groups;
-            uint16_t* ym = y + (size_t)m * N;
-            if (rows >= 4) block_rows_vnni(blk, scales32, xm, cm, sm, out, ym, 4, b * 64, N, K, group);
-            else if (rows == 3) block_rows_vnni(blk, scales32, xm, cm, sm, out, ym, 3, b * 64, N, K, group);
-            else if (rows == 2) block_rows_vnni(blk, scales32, xm, cm, sm, out, ym, 2, b * 64, N, K, group);
-            else block_rows_vnni(blk, scales32, xm, cm, sm, out, ym, 1, b * 64, N, K, group);
-        }
+        for (int m = 0; m < M; m += 4)
+            rows_int(blk, scales32, (const uint8_t*)xq + (size_t)m * K * width, xscale + m * groups, xsum + m * groups,
+                     out, y + (size_t)m * N, M - m, b * 64, N, K, group, a8);
     }
 }
 
@@ -373,80 +432,6 @@ AVXVNNI_TARGET static void blocks_avxvnni(const uint8_t* packed, const uint32_t*
             uint16_t* ym = y + (size_t)m * N;
             if (M - m >= 2) block_rows_avxvnni(blk, scales32, xm, cm, sm, out, ym, 2, b * 32, N, K, group);
             else block_rows_avxvnni(blk, scales32, xm, cm, sm, out, ym, 1, b * 32, N, K, group);
-        }
-    }
-}
-
-// ISA_A8: up to 4 rows over one block of 64 outputs, two lines (four inputs) a step; xb8 is x as int8 (four
-// consecutive inputs read as one int32), xscale one scale per row and group.
-VNNI_TARGET static inline __attribute__((always_inline)) void block_rows_a8(const uint8_t* blk,
-        const uint32_t* scales32, const int8_t* xb8, const float* xscale, const float* xsum, float* out,
-        uint16_t* y, const int rows, int n0, int N, int K, int group) {
-    const __m512i nib = _mm512_set1_epi8(0x0F);
-    // dword i: bytes (i, 32 + i) of the first line and (i, 32 + i) of the second -> inputs 4t..4t+3 of output i
-    const __m512i idx0 = _mm512_add_epi32(_mm512_set1_epi32(0x60402000),
-        _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                           _mm512_set1_epi32(0x01010101)));
-    const __m512i idx1 = _mm512_add_epi8(idx0, _mm512_set1_epi8(0x10));
-    const int groups = K / group;
-    const int quads = group / 4;
-    for (int i = 0; i < rows * 64; i++) out[i] = 0.0f;
-    const uint8_t* line = blk;
-    for (int g = 0; g < groups; g++) {
-        __m512i acc[4][4];
-        for (int r = 0; r < rows; r++)
-            for (int q = 0; q < 4; q++) acc[r][q] = _mm512_setzero_si512();
-        for (int t = g * quads; t < (g + 1) * quads; t++, line += 128) {
-            _mm_prefetch((const char*)(line + PREFETCH), _MM_HINT_T0);
-            _mm_prefetch((const char*)(line + PREFETCH + 64), _MM_HINT_T0);
-            const __m512i v0 = _mm512_loadu_si512((const void*)line);
-            const __m512i v1 = _mm512_loadu_si512((const void*)(line + 64));
-            const __m512i lo0 = _mm512_and_si512(v0, nib), hi0 = _mm512_and_si512(_mm512_srli_epi16(v0, 4), nib);
-            const __m512i lo1 = _mm512_and_si512(v1, nib), hi1 = _mm512_and_si512(_mm512_srli_epi16(v1, 4), nib);
-            const __m512i w[4] = {_mm512_permutex2var_epi8(lo0, idx0, lo1), _mm512_permutex2var_epi8(lo0, idx1, lo1),
-                                  _mm512_permutex2var_epi8(hi0, idx0, hi1), _mm512_permutex2var_epi8(hi0, idx1, hi1)};
-            for (int r = 0; r < rows; r++) {
-                const __m512i xb = _mm512_set1_epi32(((const int32_t*)(xb8 + (size_t)r * K))[t]);
-                for (int q = 0; q < 4; q++) acc[r][q] = _mm512_dpbusd_epi32(acc[r][q], w[q], xb);
-            }
-        }
-        const uint32_t* sz = scales32 + (size_t)g * N + n0;
-        for (int q = 0; q < 4; q++) {
-            const __m512i packed = _mm512_loadu_si512((const void*)(sz + 16 * q));
-            const __m512 s = _mm512_castsi512_ps(_mm512_slli_epi32(packed, 16));
-            const __m512 z = _mm512_castsi512_ps(_mm512_and_si512(packed, _mm512_set1_epi32((int)0xFFFF0000u)));
-            const __m512 offset = _mm512_fnmadd_ps(s, _mm512_set1_ps(8.0f), z);
-            for (int r = 0; r < rows; r++) {
-                const __m512 sx = _mm512_mul_ps(s, _mm512_set1_ps(xscale[r * groups + g]));
-                __m512 o = _mm512_fmadd_ps(sx, _mm512_cvtepi32_ps(acc[r][q]), _mm512_loadu_ps(out + r * 64 + 16 * q));
-                o = _mm512_fmadd_ps(offset, _mm512_set1_ps(xsum[r * groups + g]), o);
-                _mm512_storeu_ps(out + r * 64 + 16 * q, o);
-            }
-        }
-    }
-    for (int r = 0; r < rows; r++)
-        for (int q = 0; q < 4; q++)
-            _mm256_storeu_si256((__m256i*)(y + (size_t)r * N + n0 + 16 * q), bf16_512(_mm512_loadu_ps(out + r * 64 + 16 * q)));
-}
-
-VNNI_TARGET static void blocks_a8(const uint8_t* packed, const uint32_t* scales32, const int8_t* xb8,
-                                  const float* xscale, const float* xsum, uint16_t* y, int M, int N, int K,
-                                  int group) {
-    const int groups = K / group;
-    #pragma omp parallel for schedule(static)
-    for (int b = 0; b < N / 64; b++) {
-        float out[4 * 64] __attribute__((aligned(64)));
-        const uint8_t* blk = packed + (size_t)b * K * 32;
-        for (int m = 0; m < M; m += 4) {
-            const int rows = M - m;
-            const int8_t* xm = xb8 + (size_t)m * K;
-            const float* cm = xscale + m * groups;
-            const float* sm = xsum + m * groups;
-            uint16_t* ym = y + (size_t)m * N;
-            if (rows >= 4) block_rows_a8(blk, scales32, xm, cm, sm, out, ym, 4, b * 64, N, K, group);
-            else if (rows == 3) block_rows_a8(blk, scales32, xm, cm, sm, out, ym, 3, b * 64, N, K, group);
-            else if (rows == 2) block_rows_a8(blk, scales32, xm, cm, sm, out, ym, 2, b * 64, N, K, group);
-            else block_rows_a8(blk, scales32, xm, cm, sm, out, ym, 1, b * 64, N, K, group);
         }
     }
 }
@@ -573,9 +558,9 @@ static int int4_mm(const uint8_t* packed, const uint32_t* scales32, const uint16
         for (size_t i = 0; i < (size_t)M * K; i++) xf[i] = bf16_to_float(x[i]);
     if (xi != NULL) to_int16(x, xi, xscale, M, K, group);
     if (xb8 != NULL) to_int8(x, xb8, xscale, xsum, M, K, group);
-    if (isa == ISA_A8) blocks_a8(packed, scales32, xb8, xscale, xsum, y, M, N, K, group);
+    if (isa == ISA_A8) blocks_int(packed, scales32, xb8, xscale, xsum, y, M, N, K, group, 1);
     else if (isa == ISA_BF16) blocks_bf16(packed, scales32, x, xsum, y, M, N, K, group);
-    else if (isa == ISA_VNNI) blocks_vnni(packed, scales32, xi, xscale, xsum, y, M, N, K, group);
+    else if (isa == ISA_VNNI) blocks_int(packed, scales32, xi, xscale, xsum, y, M, N, K, group, 0);
     else if (isa == ISA_AVXVNNI) blocks_avxvnni(packed, scales32, xi, xscale, xsum, y, M, N, K, group);
     else if (isa == ISA_AVX512) blocks_f512(packed, scales32, xf, xsum, y, M, N, K, group);
     else blocks_avx2(packed, scales32, xf, xsum, y, M, N, K, group);

@@ -9,8 +9,9 @@ features `auto` computes), fitted with the classes balanced; then its threshold 
 probabilities to maximise the accuracy auto mode would reach on the labelled questions (Reason's answer where it
 routes to Reason, Fast's elsewhere), the highest such threshold winning ties, since every Reason route costs a
 trace, among the thresholds that send at most 5% of the chat prompts to Reason (without that cap, chat rows,
-which carry no accuracy, were sent along: 86% of them on the 0.5B's first try). With two modes right on different questions, routing can beat both; with one mode better everywhere, the
-threshold sends (almost) everything to it.
+which carry no accuracy, were sent along: 86% of them on the 0.5B's first try). With two modes right on
+different questions, routing can beat both; with one mode better everywhere, the threshold sends (almost)
+everything to it.
 """
 from __future__ import annotations
 
