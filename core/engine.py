@@ -320,10 +320,11 @@ class Engine(TraceKeeping, AdapterChoice):
         """Answers to K different prompts decoded as one batch (left-padded prefill), for evaluation throughput.
 
         Same prompts, rules and weights as `stream`; only the batching differs, so results can differ from
-        one-at-a-time runs in the last bits of floating point. `auto` is not batched (its route is per prompt).
+        one-at-a-time runs in the last bits of floating point. `auto` routes each prompt first (`_auto_batch`).
         """
         if mode == "auto":
-            raise ValueError("generate_batch takes mode 'base' or 'reason'")
+            return self._auto_batch(prompts, sampling, budget=budget, answer_max_tokens=answer_max_tokens,
+                                    system=system, skill=skill)
         self._check(mode)
         skill = self._skill(skill)
         cfg = sampling or SamplingConfig()
@@ -350,6 +351,31 @@ class Engine(TraceKeeping, AdapterChoice):
         decision = RouteDecision(reasoning, None, "mode")
         return [self._answer(row, ids, decision, budget if reasoning else None, start, cache, skill=skill)
                 for row, ids in zip(rows, prompt_ids, strict=True)]
+
+    def route_prompt(self, messages: Sequence[dict] | str, *, mode: str = "auto", budget: int | None = 256,
+                     system: str | None = DEFAULT_SYSTEM) -> RouteDecision:
+        """The route `stream` takes for this request (auto: the switcher on its prefill), without decoding."""
+        self._check(mode)
+        ids = self._prompt(messages, mode, budget, system)
+        return self.open_prompt(ids, mode, new_cache(self.model.config, self.kv))[1]
+
+    def _auto_batch(self, prompts, sampling, *, budget, answer_max_tokens, system, skill) -> list[Answer]:
+        """`auto` in batches: each prompt is routed on a prefill of its own, then the prompts routed to thinking
+        decode as one Reason batch and the rest as one base batch on auto's own prompt (its system prompt states
+        the budget), which is what `stream` continues after the switcher says no. Costs one more prefill a
+        prompt than the modes' batches."""
+        decisions = [self.route_prompt(p, mode="auto", budget=budget, system=system) for p in prompts]
+        answers: list[Answer | None] = [None] * len(prompts)
+        for reason in (True, False):
+            picked = [i for i, d in enumerate(decisions) if d.reason == reason]
+            if not picked:
+                continue
+            got = self.generate_batch([prompts[i] for i in picked], sampling, mode="reason" if reason else "base",
+                                      budget=budget, answer_max_tokens=answer_max_tokens, skill=skill,
+                                      system=system if reason else self._prompt_system("auto", budget, system))
+            for i, answer in zip(picked, got, strict=True):
+                answers[i] = replace(answer, route=decisions[i])
+        return answers
 
     def generate(self, messages: Sequence[dict] | str, sampling: SamplingConfig | None = None, **kw) -> Answer:
         """Run `stream` to the end and return the Answer."""

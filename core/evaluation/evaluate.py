@@ -47,7 +47,6 @@ def run_one(engine, item, args, sampling):
 def batched_rows(engine, pending, args, rows: list[dict], total: int) -> list[dict]:
     """Greedy rows for `--batch K`: K questions decoded together (same rules as one at a time). `pending`: the
     (row index, item) pairs still to answer; `rows`: those answered before (a resumed run), kept in row order."""
-    reasoning = args.mode == "reason"
     greedy = SamplingConfig(temperature=0, top_k=0, top_p=1.0, repetition_penalty=1.0, max_tokens=args.max_tokens)
     for start in range(0, len(pending), args.batch):
         chunk = pending[start:start + args.batch]
@@ -60,7 +59,7 @@ def batched_rows(engine, pending, args, rows: list[dict], total: int) -> list[di
             rows.append({"index": index, "correct": grade(a.text, item.gold), "thinking_tokens": a.thinking_tokens,
                          "text": a.text, "thinking": a.thinking, "answer_tokens": a.answer_tokens,
                          "budget_forced": a.budget_forced, "ttft_s": 0.0, "latency_s": per_question,
-                         "reasoned": reasoning})
+                         "reasoned": bool(a.route and a.route.reason)})
         rows.sort(key=lambda r: r["index"])
         save_partial(engine, rows, args, args.batch, total)
         if args.progress:
@@ -97,8 +96,8 @@ def evaluate(engine, items, args) -> dict:
     settings) are kept and not answered again."""
     greedy = args.parallel == 1 and args.temperature == 0
     batch = getattr(args, "batch", 1)
-    if batch > 1 and not (greedy and args.mode in ("base", "reason")):
-        raise ValueError("--batch works for greedy single answers in base or reason mode")
+    if batch > 1 and not greedy:
+        raise ValueError("--batch works for greedy single answers")
     offset = getattr(args, "offset", 0)
     indexed = [(offset + k, item) for k, item in enumerate(items)]
     rows = resumed_rows(args.out, engine, args, {i for i, _ in indexed}) if getattr(args, "resume", False) else []

@@ -62,6 +62,28 @@ def test_a_stopped_run_resumes_where_it_stopped(engine, tmp_path):
     assert json.loads(out.read_text())["n"] == 5
 
 
+def test_auto_in_batches_records_each_rows_route(engine, tmp_path):
+    """`--batch` with `--mode auto`: the rows keep the routes and answers of a one-at-a-time run."""
+    import torch
+
+    from core.reasoning.router import Router
+    from models.heads import SwitcherHead
+
+    data = mixed_file(tmp_path)
+    torch.manual_seed(5)
+    engine.router = Router(SwitcherHead(engine.model.config.hidden_size), {"threshold": 0.5})
+    try:
+        probs = sorted(engine.route_prompt(i.prompt, budget=4).probability for i in load_items(data))
+        engine.router.threshold = probs[2]  # three of the five rows think
+        batched = evaluate(engine, load_items(data), eval_args(data, tmp_path / "b.json", mode="auto"))
+        alone = evaluate(engine, load_items(data), eval_args(data, tmp_path / "a.json", mode="auto", batch=1))
+    finally:
+        engine.router = None
+    assert sum(q["reasoned"] for q in batched["questions"]) == 3 and batched["reasoned_share"] == 0.6
+    assert [(q["reasoned"], q["text"]) for q in batched["questions"]] == [
+        (q["reasoned"], q["text"]) for q in alone["questions"]]
+
+
 def run_file(path, mode, correct, tokens, reasoned):
     questions = [{"index": i, "correct": c, "thinking_tokens": 0, "answer_tokens": t, "reasoned": r}
                  for i, (c, t, r) in enumerate(zip(correct, tokens, reasoned, strict=True))]
