@@ -276,6 +276,25 @@ def attach_sparse_parts(engine: Engine, installed: InstalledModel, warnings: lis
             warnings.append(note)
 
 
+def fit_head(engine: Engine, label: str, component) -> None:
+    """Move a loaded head (saved in the untransformed basis) to the engine's weights, noting other precisions."""
+    spec = fpt_of(engine.model)
+    if spec is not None:
+        transform_head(component.head, spec)
+    note = other_weights_note(label, component.config.get("precision"), engine.precision)
+    if note:
+        engine.warnings = [*getattr(engine, "warnings", []), note]
+
+
+def use_switcher(engine: Engine, folder: Path) -> None:
+    """Route `auto` with the switcher in `folder` instead of the model's own (a candidate being measured)."""
+    router = Router.load(Path(folder))
+    if router.config.get("model") not in (None, engine.model_id):
+        raise ValueError(f"the switcher in {folder} was trained for {router.config['model']}, not {engine.model_id}")
+    fit_head(engine, "switcher", router)
+    engine.router = router
+
+
 def load_engine(cfg: EngineConfig | None = None, store: ModelStore | None = None,
                 progress: Progress | None = None, reasoning: bool = True) -> Engine:
     """Everything needed to answer: check memory, load weights at the precision, wrap in an Engine, attach the
@@ -298,15 +317,9 @@ def load_engine(cfg: EngineConfig | None = None, store: ModelStore | None = None
         attach_reasoning(engine, _reasoning_cards(installed, store, cfg.reasoning_adapter, warnings), warnings)
         engine.router = load_component(installed, "switcher", Router.load, warnings)
         engine.verifier = load_component(installed, "verifier", Verifier.load, warnings)
-        spec = fpt_of(model)
         for label, component in (("switcher", engine.router), ("verifier", engine.verifier)):
-            if component is None:
-                continue
-            if spec is not None:  # heads are saved in the untransformed basis
-                transform_head(component.head, spec)
-            note = other_weights_note(label, component.config.get("precision"), cfg.precision)
-            if note:
-                warnings.append(note)
+            if component is not None:
+                fit_head(engine, label, component)
     if reasoning or cfg.decode != "dense":
         attach_sparse_parts(engine, installed, warnings)
     note = engine.missing_for_decode()

@@ -150,7 +150,8 @@ def settings_of(args) -> dict:
     return {"mode": args.mode, "budget": args.budget, "parallel": args.parallel, "vote": args.vote,
             "temperature": args.temperature, "data": str(args.data), "system": args.system,
             "max_tokens": args.max_tokens, "answer_max_tokens": args.answer_max_tokens,
-            "seed": getattr(args, "seed", None), "offset": getattr(args, "offset", 0)}
+            "seed": getattr(args, "seed", None), "offset": getattr(args, "offset", 0),
+            "switcher": str(args.switcher) if getattr(args, "switcher", None) else None}
 
 
 def engine_settings(engine) -> dict:
@@ -229,6 +230,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ff-reselect", type=int, default=0, help="griffin: reselect every N decode steps (0: never)")
     p.add_argument("--ff-decay", type=float, default=1.0, help="griffin reselection: factor on earlier scores")
     p.add_argument("--system", default=None, help="system prompt (default: Ponder's); e.g. ask base mode for \\boxed{}")
+    p.add_argument("--switcher", type=Path, default=None,
+                   help="auto: route with the switcher in this folder (`ponder train switcher --out`), not the model's")
     p.add_argument("--route-only", action="store_true", help="prefill + switcher only")
     p.add_argument("--expect", choices=("reason", "base"), help="with --route-only: the right decision for the file")
     p.add_argument("--json", action="store_true")
@@ -240,7 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    from core.loading import load_engine
+    from core.loading import load_engine, use_switcher
 
     args = build_parser().parse_args(argv)
     if args.temperature is None:
@@ -250,6 +253,8 @@ def main(argv=None) -> int:
                                       group_size=args.group_size, head_bits=args.head_bits, decode=args.decode,
                                       ff_keep=args.ff_keep, ff_reselect=args.ff_reselect, ff_decay=args.ff_decay,
                                       reasoning_adapter=args.adapter), reasoning=True)
+    if args.switcher:
+        use_switcher(engine, args.switcher)
     if args.adapter and reasoning_adapter_name(engine) != args.adapter:
         raise ValueError(f"the reasoning adapter '{args.adapter}' did not load: {' '.join(engine.warnings)}")
     if args.route_only:

@@ -311,6 +311,19 @@ def test_benefit_switcher_learns_where_thinking_helped(engine, tmp_path):
     assert metrics["auto_accuracy_oof"] == 1.0 and metrics["reason_share_oof"] == 0.5
     router = Router.load(tmp_path / "sw")
     assert router.threshold == metrics["threshold"]
+    from core.loading import use_switcher  # `ponder eval --switcher DIR`: a candidate routes auto, not the model's
+
+    before = engine.router
+    try:
+        use_switcher(engine, tmp_path / "sw")
+        assert engine.router.threshold == metrics["threshold"]
+        assert engine.router.probability(torch.zeros(1, 3, 128)) == router.probability(torch.zeros(1, 3, 128))
+        saved = json.loads((tmp_path / "sw" / "head.json").read_text())
+        (tmp_path / "sw" / "head.json").write_text(json.dumps({**saved, "model": "another-model"}))
+        with pytest.raises(ValueError, match="trained for another-model, not tiny"):
+            use_switcher(engine, tmp_path / "sw")
+    finally:
+        engine.router = before
     with pytest.raises(ValueError, match="different data"):
         benefit_rows({"data": "a.jsonl", "mode": "reason"}, {"data": "b.jsonl", "mode": "base"})
     with pytest.raises(ValueError, match="Reason-mode evaluation first"):
