@@ -51,7 +51,9 @@ def main(argv: list[str]) -> int:
         if "pairs" in source and source["budget"] is None and args.budget is None:
             raise SystemExit("ponder train switcher: the Reason evaluations thought with different budgets; give "
                              "--budget (the one auto mode will state)")
-        chat = [i for f in args.chat_data for i in load_items(f, args.per_file, shuffle_seed=args.seed)]
+        # each file's first rows, as the topic switcher takes them: a shuffled sample could reach the chat rows
+        # of the mixed dev set (scripts.make_mixed_dev: Alpaca rows 4900-4963)
+        chat = [i for f in args.chat_data for i in load_items(f, args.per_file)]
         source = {**source, "chat_data": [Path(f).name for f in args.chat_data], "per_file": args.per_file,
                   "command": " ".join(["ponder", "train", what, *rest])}
         metrics = train_benefit_switcher(engine, items, reason_right, fast_right, chat, args.out,
