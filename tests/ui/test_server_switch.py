@@ -47,6 +47,15 @@ def test_the_switch_serves_the_windows_engine_and_stops(window, loop):
     # (a job's record is written just after its last event reached the client: wait for both)
     assert run_until(loop, lambda: len(window.service.worker.recent) >= 2, 10)
     assert [r.source for r in list(window.service.worker.recent)[-2:]] == ["window", "server"]
+    # the switch's server keeps the rules of `ponder serve` (#40): what a web page could send is refused
+    body = b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}'
+    for headers, status, code in (({"Content-Type": "text/plain"}, 415, "unsupported_media_type"),
+                                  ({"Content-Type": "application/json", "Host": "attacker.example"}, 403,
+                                   "host_not_allowed"),
+                                  ({"Content-Type": "application/json", "Origin": "http://attacker.example"}, 403,
+                                   "origin_not_allowed")):
+        refused = httpx.post(url + "/chat/completions", content=body, headers=headers, timeout=60)
+        assert refused.status_code == status and refused.json()["error"]["code"] == code
     window.apply_settings(replace(window.settings, serve=False))
     assert window.server.url is None and "stopped" in window.status.text()
     with pytest.raises(httpx.ConnectError):
