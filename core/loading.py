@@ -282,8 +282,10 @@ def fit_head(engine: Engine, label: str, component) -> None:
     if spec is not None:
         transform_head(component.head, spec)
     note = other_weights_note(label, component.config.get("precision"), engine.precision)
-    if note:
-        engine.warnings = [*getattr(engine, "warnings", []), note]
+    if note:  # in place: load_engine keeps appending to the same list
+        if not hasattr(engine, "warnings"):
+            engine.warnings = []
+        engine.warnings.append(note)
 
 
 def use_switcher(engine: Engine, folder: Path) -> None:
