@@ -327,3 +327,20 @@ def _counting(adapter_step, calls):
 
     adapter_step.step = step
     return adapter_step
+
+
+def test_rl_question_file_keeps_short_solutions_in_a_row_range_and_rejects_bad_rows(tmp_path):
+    from scripts import make_rl_questions
+
+    rows = [{"question": f"q{i}", "answer": "<<1+1=2>>" * (i % 5) + f"\n#### {i}"} for i in range(12)]
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "rl.jsonl"
+    assert make_rl_questions.main(["--data", str(data), "--offset", "2", "--limit", "8", "--max-steps", "2",
+                                   "--out", str(out)]) == 0
+    kept = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["question"] for r in kept] == ["q2", "q5", "q6", "q7"]  # rows 2..9 with at most two steps
+    assert kept[0] == rows[2]
+    data.write_text(json.dumps({"question": "no answer"}) + "\n")
+    with pytest.raises(SystemExit, match="train.jsonl:1: not a GSM8K row"):
+        make_rl_questions.main(["--data", str(data), "--out", str(out)])
