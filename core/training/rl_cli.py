@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import signal
+import sys
 import threading
-from dataclasses import asdict, fields
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 
 from core.storage.model_store import ModelStore
@@ -37,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--name", default=None, help="save into the adapter library under this name")
     p.add_argument("--run-dir", default=None, help="checkpoints and logs (default: <data dir>/training/<name>)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --run-dir (or of --name)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --run-dir (or of --name); with "
+                   "--steps N it runs to N steps instead (N at or below the saved step: save the adapter now)")
     p.add_argument("--json-progress", action="store_true", help="one JSON event per stdout line")
     return p
 
@@ -67,6 +69,10 @@ def main(argv=None, store: ModelStore | None = None) -> int:
     try:
         if a.resume:
             args = args_from_json(rd.read_args())
+            given = sys.argv[1:] if argv is None else argv
+            if a.steps != args.steps and any(x == "--steps" or x.startswith("--steps=") for x in given):
+                args = replace(args, steps=a.steps)  # train longer, or end now and save what was learned
+                rd.write_args(asdict(args))
         else:
             args = args_from_cli(a)
             rd.start_fresh(asdict(args))

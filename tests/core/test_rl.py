@@ -3,6 +3,7 @@ the update trains only the LoRA; a tiny run writes its log, checkpoint and curve
 import io
 import json
 import math
+from dataclasses import asdict
 
 import pytest
 import torch
@@ -266,6 +267,33 @@ def test_ponder_train_rl_cli_saves_into_the_adapter_library(tmp_path, tiny_store
     assert events[-1]["folder"] == str(card.folder) and "reward" in card.metrics
     assert run_cli(common + ["--budgets", "six"]) == 2
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["event"] == "error"
+
+
+def test_resume_with_fewer_steps_saves_the_stopped_runs_adapter_without_training_on(tmp_path, tiny_store,
+                                                                                   start_adapter, capsys):
+    """A long run stopped early keeps what it learned: `--resume --steps N` at or below the saved step saves the
+    adapter (and into the library under the run's name) without another step; a larger N trains on to N."""
+    from app.cli import run_cli
+    from core.adapters.library import AdapterLibrary
+
+    data = tmp_path / "gsm.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in GSM))
+    run_dir = tmp_path / "run"
+    stop = StopAfterFirstStep(run_dir, json_progress=True, out=io.StringIO())
+    args = RlArgs(data=(str(data),), adapter=str(start_adapter), budgets=(6,), group=2, steps=5, answer_tokens=4,
+                  model_id=TINY_ID, precision="bf16", checkpoint_every=1, threads=1, run_dir=str(run_dir),
+                  name="tiny-stopped")
+    stop.write_args(asdict(args))
+    assert run(args, stop, store=tiny_store) is None
+    capsys.readouterr()
+    assert run_cli(["train", "rl", "--resume", "--run-dir", str(run_dir), "--steps", "1", "--json-progress"]) == 0
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [e["event"] for e in events] == ["loaded", "saved"]  # no rl_progress: nothing trained after step 1
+    card = AdapterLibrary().get(TINY_ID, "tiny-stopped")
+    assert card.metrics and json.loads((run_dir / "args.json").read_text())["steps"] == 1
+    assert run_cli(["train", "rl", "--resume", "--run-dir", str(run_dir), "--steps", "2", "--json-progress"]) == 0
+    steps = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [e["step"] for e in steps if e["event"] == "rl_progress"] == [2]
 
 
 def test_quantized_base_rolls_out_on_the_served_int4_model_with_the_trained_adapter(tmp_path, tiny_store,
