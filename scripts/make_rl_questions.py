@@ -14,6 +14,8 @@ import argparse
 import json
 from pathlib import Path
 
+from core.data.sft import read_jsonl
+
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k" / "train.jsonl"
 
 
@@ -37,15 +39,13 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if not args.data.is_file():
         raise SystemExit(f"no such file: {args.data}")
-    rows = []
-    for n, line in enumerate(args.data.read_text(encoding="utf-8").splitlines(), 1):
-        if line.strip():
-            try:
-                row = json.loads(line)
-                row["question"], row["answer"]  # noqa: B018 - both fields are needed
-            except (ValueError, KeyError, TypeError) as err:
-                raise SystemExit(f"{args.data}:{n}: not a GSM8K row ({err})") from err
-            rows.append(row)
+    try:
+        rows = read_jsonl(args.data)
+    except ValueError as err:
+        raise SystemExit(str(err)) from err
+    for n, row in enumerate(rows, 1):
+        if not isinstance(row, dict) or not {"question", "answer"} <= row.keys():
+            raise SystemExit(f"{args.data}: row {n} is not a GSM8K row (needs 'question' and 'answer')")
     kept = select(rows, args.offset, args.limit, args.max_steps)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept), encoding="utf-8")

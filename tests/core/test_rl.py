@@ -370,5 +370,8 @@ def test_rl_question_file_keeps_short_solutions_in_a_row_range_and_rejects_bad_r
     assert [r["question"] for r in kept] == ["q2", "q5", "q6", "q7"]  # rows 2..9 with at most two steps
     assert kept[0] == rows[2]
     data.write_text(json.dumps({"question": "no answer"}) + "\n")
-    with pytest.raises(SystemExit, match="train.jsonl:1: not a GSM8K row"):
+    with pytest.raises(SystemExit, match="train.jsonl: row 1 is not a GSM8K row"):
+        make_rl_questions.main(["--data", str(data), "--out", str(out)])
+    data.write_text("{not json\n")
+    with pytest.raises(SystemExit, match="train.jsonl:1 is not valid JSON"):
         make_rl_questions.main(["--data", str(data), "--out", str(out)])
