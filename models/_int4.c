@@ -10,7 +10,7 @@
 //   sum_k w_k x_k = sum_g [ s_g * sum_k (128 + q_k) x_k + (z_g - 136 s_g) * sum_k x_k ].
 // Each row's arithmetic is the same whatever the number of rows, so batched and one-at-a-time decoding agree.
 //
-// Six paths, chosen per call (`isa`), each for the layout torch packs for its CPU capability:
+// Eight paths, chosen per call (`isa`), each for the layout torch packs for its CPU capability:
 //   ISA_BF16   AVX512-BF16 + VBMI, torch's AVX512 layout (above): vdpbf16ps on bf16 pairs.
 //   ISA_AVX512 AVX-512 F/BW + VBMI without BF16 (Ice Lake, Sapphire Rapids with BF16 masked): the same layout;
 //              one vpermt2b per 16 outputs makes the fp32 value 128 + q directly (bits 0x43000000 | q << 16),
@@ -26,6 +26,10 @@
 //              activations of ISA_VNNI; two consecutive 16-byte lines (inputs k, k+1) interleave into int16 pairs
 //              (q_k, q_k+1) per output and the VEX vpdpwssd sums 16 products an instruction, where ISA_AVX2's FMA
 //              does 8 after converting every nibble to fp32.
+//   ISA_AVX2I16 AVX2 + FMA without AVX-VNNI: ISA_AVXVNNI's arithmetic with vpmaddwd + vpaddd for vpdpwssd (the same
+//              exact int32 sums, so the same bits), and the activations' int16 rounding vectorised.
+//   ISA_AVX2A8 AVX2, opt-in (`PONDER_INT4_KERNEL=avx2-a8`): torch's AVX2 layout with x held as int8 per 32 inputs
+//              (W4A8, as llama.cpp's Q4_0 x Q8_0 on AVX2); vpmaddubsw sums u8 weight x s8 input pairs (below).
 //   ISA_A8     AVX-512 VNNI + VBMI, opt-in (`PONDER_INT4_KERNEL=avx512-a8`): torch's AVX512 layout with x held as
 //              int8 per group (max |x| / 127, one fp32 scale a row and group), so it computes with rounded
 //              activations (W4A8, as llama.cpp's Q4_0 x Q8_0 does). Two consecutive lines (inputs 4t..4t+3) make,
@@ -52,7 +56,8 @@
 #define AVXVNNI_TARGET __attribute__((target("avx2,fma,avxvnni")))
 #define MAX_VNNI_GROUP 2048  // 15 * 32767 * 2048 < 2^31: a group's integer sum cannot overflow
 
-enum { ISA_BF16 = 0, ISA_AVX512 = 1, ISA_AVX2 = 2, ISA_VNNI = 3, ISA_AVXVNNI = 4, ISA_A8 = 5, ISA_LAST = ISA_A8 };
+enum { ISA_BF16 = 0, ISA_AVX512 = 1, ISA_AVX2 = 2, ISA_VNNI = 3, ISA_AVXVNNI = 4, ISA_A8 = 5, ISA_AVX2I16 = 6,
+       ISA_AVX2A8 = 7, ISA_LAST = ISA_AVX2A8 };
 
 // Up to 4 rows per pass over a block: 4 rows x 4 output quarters accumulators.
 KERNEL_TARGET static inline __attribute__((always_inline)) void block_rows(const uint8_t* blk, const uint32_t* scales32,
@@ -363,41 +368,135 @@ VNNI_TARGET static void blocks_int(const uint8_t* packed, const uint32_t* scales
     }
 }
 
-// ISA_AVXVNNI: up to 2 rows over one block of 32 outputs (torch's AVX2 layout); xi as for ISA_VNNI.
-AVXVNNI_TARGET static inline __attribute__((always_inline)) void block_rows_avxvnni(const uint8_t* blk,
-        const uint32_t* scales32, const int16_t* xi, const float* xscale, const float* xsum, float* out,
-        uint16_t* y, const int rows, int n0, int N, int K, int group) {
+// ISA_AVXVNNI and ISA_AVX2I16: up to 2 rows over one block of 32 outputs (torch's AVX2 layout); xi as for
+// ISA_VNNI. The two differ only in the int16 dot product: AVX-VNNI's vpdpwssd, or AVX2's vpmaddwd + vpaddd, which
+// compute the same exact int32 sums, so both paths give every row the same bits.
+#define DEFINE_AVX2_INT16(NAME, TARGET, DOT) \
+TARGET static inline __attribute__((always_inline)) void block_rows_##NAME(const uint8_t* blk,                             \
+        const uint32_t* scales32, const int16_t* xi, const float* xscale, const float* xsum, float* out,                   \
+        uint16_t* y, const int rows, int n0, int N, int K, int group) {                                                    \
+    const __m256i nib = _mm256_set1_epi8(0x0F);                                                                            \
+    const int groups = K / group;                                                                                          \
+    const int pairs = group / 2;                                                                                           \
+    for (int i = 0; i < rows * 32; i++) out[i] = 0.0f;                                                                     \
+    const uint8_t* line = blk;  /* two inputs a step: 32 bytes, input k's 16 then input k + 1's */                         \
+    for (int g = 0; g < groups; g++) {                                                                                     \
+        const int sets = rows == 1 ? 2 : 1;  /* exact integer sums: splitting one row's changes nothing */                 \
+        __m256i acc[2][2][4];                                                                                              \
+        for (int t = 0; t < sets; t++)                                                                                     \
+            for (int r = 0; r < rows; r++)                                                                                 \
+                for (int q = 0; q < 4; q++) acc[t][r][q] = _mm256_setzero_si256();                                         \
+        for (int p = g * pairs; p < (g + 1) * pairs; p++, line += 32) {                                                    \
+            const int t = sets == 2 ? (p & 1) : 0;                                                                         \
+            _mm_prefetch((const char*)(line + PREFETCH), _MM_HINT_T0);                                                     \
+            const __m256i v = _mm256_loadu_si256((const __m256i*)line);                                                    \
+            const __m256i lo = _mm256_and_si256(v, nib);                                                                   \
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);                                             \
+            const __m128i lo_k = _mm256_castsi256_si128(lo), lo_k1 = _mm256_extracti128_si256(lo, 1);                      \
+            const __m128i hi_k = _mm256_castsi256_si128(hi), hi_k1 = _mm256_extracti128_si256(hi, 1);                      \
+            /* int16 pairs (q_k, q_k+1): outputs 0-7, 8-15 (low nibbles), 16-23, 24-31 (high nibbles) */                   \
+            const __m256i w[4] = {_mm256_cvtepu8_epi16(_mm_unpacklo_epi8(lo_k, lo_k1)),                                    \
+                                  _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(lo_k, lo_k1)),                                    \
+                                  _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(hi_k, hi_k1)),                                    \
+                                  _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(hi_k, hi_k1))};                                   \
+            for (int r = 0; r < rows; r++) {                                                                               \
+                const __m256i xb = _mm256_set1_epi32(((const int32_t*)(xi + (size_t)r * K))[p]);                           \
+                for (int q = 0; q < 4; q++) acc[t][r][q] = DOT(acc[t][r][q], w[q], xb);                                    \
+            }                                                                                                              \
+        }                                                                                                                  \
+        if (sets == 2)                                                                                                     \
+            for (int q = 0; q < 4; q++) acc[0][0][q] = _mm256_add_epi32(acc[0][0][q], acc[1][0][q]);                       \
+        const uint32_t* sz = scales32 + (size_t)g * N + n0;                                                                \
+        for (int q = 0; q < 4; q++) {                                                                                      \
+            const __m256i packed = _mm256_loadu_si256((const __m256i*)(sz + 8 * q));                                       \
+            const __m256 s = _mm256_castsi256_ps(_mm256_slli_epi32(packed, 16));                                           \
+            const __m256 z = _mm256_castsi256_ps(_mm256_and_si256(packed, _mm256_set1_epi32((int)0xFFFF0000u)));           \
+            const __m256 offset = _mm256_fnmadd_ps(s, _mm256_set1_ps(8.0f), z);                                            \
+            for (int r = 0; r < rows; r++) {                                                                               \
+                const __m256 sx = _mm256_mul_ps(s, _mm256_set1_ps(xscale[r * groups + g]));                                \
+                __m256 o = _mm256_fmadd_ps(sx, _mm256_cvtepi32_ps(acc[0][r][q]), _mm256_loadu_ps(out + r * 32 + 8 * q));   \
+                o = _mm256_fmadd_ps(offset, _mm256_set1_ps(xsum[r * groups + g]), o);                                      \
+                _mm256_storeu_ps(out + r * 32 + 8 * q, o);                                                                 \
+            }                                                                                                              \
+        }                                                                                                                  \
+    }                                                                                                                      \
+    for (int r = 0; r < rows; r++)                                                                                         \
+        for (int q = 0; q < 4; q++)                                                                                        \
+            _mm_storeu_si128((__m128i*)(y + (size_t)r * N + n0 + 8 * q), bf16_256(_mm256_loadu_ps(out + r * 32 + 8 * q))); \
+}                                                                                                                          \
+                                                                                                                           \
+TARGET static void blocks_##NAME(const uint8_t* packed, const uint32_t* scales32, const int16_t* xi,                       \
+                                          const float* xscale, const float* xsum, uint16_t* y, int M, int N, int K,        \
+                                          int group) {                                                                     \
+    const int groups = K / group;                                                                                          \
+    _Pragma("omp parallel for schedule(static)")                                                                           \
+    for (int b = 0; b < N / 32; b++) {                                                                                     \
+        float out[2 * 32] __attribute__((aligned(32)));                                                                    \
+        const uint8_t* blk = packed + (size_t)b * K * 16;                                                                  \
+        for (int m = 0; m < M; m += 2) {                                                                                   \
+            const int16_t* xm = xi + (size_t)m * K;                                                                        \
+            const float* cm = xscale + m * groups;                                                                         \
+            const float* sm = xsum + m * groups;                                                                           \
+            uint16_t* ym = y + (size_t)m * N;                                                                              \
+            if (M - m >= 2) block_rows_##NAME(blk, scales32, xm, cm, sm, out, ym, 2, b * 32, N, K, group);                 \
+            else block_rows_##NAME(blk, scales32, xm, cm, sm, out, ym, 1, b * 32, N, K, group);                            \
+        }                                                                                                                  \
+    }                                                                                                                      \
+}
+
+#define DOT_AVXVNNI(acc, w, x) _mm256_dpwssd_avx_epi32(acc, w, x)
+#define DOT_AVX2(acc, w, x) _mm256_add_epi32(acc, _mm256_madd_epi16(w, x))
+DEFINE_AVX2_INT16(avxvnni, AVXVNNI_TARGET, DOT_AVXVNNI)
+DEFINE_AVX2_INT16(avx2i16, AVX2_TARGET, DOT_AVX2)
+
+// ISA_AVX2A8 (opt-in): torch's AVX2 layout, x as int8 per block of 32 inputs (max |x| / 127, one fp32 scale a
+// block, as llama.cpp's Q8_0), so it computes with rounded activations (W4A8). Two 32-byte loads hold inputs k..k+3;
+// one vpunpck{l,h}bw of their nibbles gives every output the byte pairs (q_k, q_k+2) in the low lane and
+// (q_k+1, q_k+3) in the high lane, and vpmaddubsw multiplies them with x's bytes in the same order (xq holds each
+// quad as x_k, x_k+2, x_k+1, x_k+3) and sums pairs in int16: 16 products an instruction where ISA_AVX2's FMA does 8
+// after converting every nibble to fp32. A lane's int16 sum over a block is at most 16 * 15 * 127 < 2^15; the lanes
+// are added in int32, scaled by the block's scale in fp32, and the group's weight scale and offset come last.
+AVX2_TARGET static inline __attribute__((always_inline)) void block_rows_avx2a8(const uint8_t* blk,
+        const uint32_t* scales32, const int8_t* xq, const float* xscale, const float* xsum, float* out, uint16_t* y,
+        const int rows, int n0, int N, int K, int group) {
     const __m256i nib = _mm256_set1_epi8(0x0F);
-    const int groups = K / group;
-    const int pairs = group / 2;
+    // lane 0: bytes (0, 1) of the quad's dword repeated (x_k, x_k+2); lane 1: bytes (2, 3) (x_k+1, x_k+3)
+    const __m256i spread = _mm256_set_epi8(3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2,
+                                           1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0);
+    const int groups = K / group, blocks = K / 32;
+    float facc[2 * 32] __attribute__((aligned(32)));
     for (int i = 0; i < rows * 32; i++) out[i] = 0.0f;
-    const uint8_t* line = blk;  // two inputs a step: 32 bytes, input k's 16 then input k + 1's
+    const uint8_t* line = blk;
     for (int g = 0; g < groups; g++) {
-        const int sets = rows == 1 ? 2 : 1;  // exact integer sums: splitting one row's changes nothing
-        __m256i acc[2][2][4];
-        for (int t = 0; t < sets; t++)
+        for (int i = 0; i < rows * 32; i++) facc[i] = 0.0f;
+        for (int b = g * group / 32; b < (g + 1) * group / 32; b++) {
+            __m256i acc[2][4];
             for (int r = 0; r < rows; r++)
-                for (int q = 0; q < 4; q++) acc[t][r][q] = _mm256_setzero_si256();
-        for (int p = g * pairs; p < (g + 1) * pairs; p++, line += 32) {
-            const int t = sets == 2 ? (p & 1) : 0;
-            _mm_prefetch((const char*)(line + PREFETCH), _MM_HINT_T0);
-            const __m256i v = _mm256_loadu_si256((const __m256i*)line);
-            const __m256i lo = _mm256_and_si256(v, nib);
-            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
-            const __m128i lo_k = _mm256_castsi256_si128(lo), lo_k1 = _mm256_extracti128_si256(lo, 1);
-            const __m128i hi_k = _mm256_castsi256_si128(hi), hi_k1 = _mm256_extracti128_si256(hi, 1);
-            // int16 pairs (q_k, q_k+1): outputs 0-7, 8-15 (low nibbles), 16-23, 24-31 (high nibbles)
-            const __m256i w[4] = {_mm256_cvtepu8_epi16(_mm_unpacklo_epi8(lo_k, lo_k1)),
-                                  _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(lo_k, lo_k1)),
-                                  _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(hi_k, hi_k1)),
-                                  _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(hi_k, hi_k1))};
+                for (int q = 0; q < 4; q++) acc[r][q] = _mm256_setzero_si256();
+            for (int t = 0; t < 8; t++, line += 64) {
+                _mm_prefetch((const char*)(line + PREFETCH), _MM_HINT_T0);
+                const __m256i v0 = _mm256_loadu_si256((const __m256i*)line);
+                const __m256i v1 = _mm256_loadu_si256((const __m256i*)(line + 32));
+                const __m256i lo0 = _mm256_and_si256(v0, nib), hi0 = _mm256_and_si256(_mm256_srli_epi16(v0, 4), nib);
+                const __m256i lo1 = _mm256_and_si256(v1, nib), hi1 = _mm256_and_si256(_mm256_srli_epi16(v1, 4), nib);
+                const __m256i w[4] = {_mm256_unpacklo_epi8(lo0, lo1), _mm256_unpackhi_epi8(lo0, lo1),
+                                      _mm256_unpacklo_epi8(hi0, hi1), _mm256_unpackhi_epi8(hi0, hi1)};
+                for (int r = 0; r < rows; r++) {
+                    const int32_t quad = ((const int32_t*)(xq + (size_t)r * K))[b * 8 + t];
+                    const __m256i xb = _mm256_shuffle_epi8(_mm256_set1_epi32(quad), spread);
+                    for (int q = 0; q < 4; q++) acc[r][q] = _mm256_add_epi16(acc[r][q], _mm256_maddubs_epi16(w[q], xb));
+                }
+            }
             for (int r = 0; r < rows; r++) {
-                const __m256i xb = _mm256_set1_epi32(((const int32_t*)(xi + (size_t)r * K))[p]);
-                for (int q = 0; q < 4; q++) acc[t][r][q] = _mm256_dpwssd_avx_epi32(acc[t][r][q], w[q], xb);
+                const __m256 sb = _mm256_set1_ps(xscale[r * blocks + b]);
+                for (int q = 0; q < 4; q++) {
+                    const __m256i sum = _mm256_add_epi32(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(acc[r][q])),
+                                                         _mm256_cvtepi16_epi32(_mm256_extracti128_si256(acc[r][q], 1)));
+                    float* f = facc + r * 32 + 8 * q;
+                    _mm256_store_ps(f, _mm256_fmadd_ps(sb, _mm256_cvtepi32_ps(sum), _mm256_load_ps(f)));
+                }
             }
         }
-        if (sets == 2)
-            for (int q = 0; q < 4; q++) acc[0][0][q] = _mm256_add_epi32(acc[0][0][q], acc[1][0][q]);
         const uint32_t* sz = scales32 + (size_t)g * N + n0;
         for (int q = 0; q < 4; q++) {
             const __m256i packed = _mm256_loadu_si256((const __m256i*)(sz + 8 * q));
@@ -405,8 +504,7 @@ AVXVNNI_TARGET static inline __attribute__((always_inline)) void block_rows_avxv
             const __m256 z = _mm256_castsi256_ps(_mm256_and_si256(packed, _mm256_set1_epi32((int)0xFFFF0000u)));
             const __m256 offset = _mm256_fnmadd_ps(s, _mm256_set1_ps(8.0f), z);
             for (int r = 0; r < rows; r++) {
-                const __m256 sx = _mm256_mul_ps(s, _mm256_set1_ps(xscale[r * groups + g]));
-                __m256 o = _mm256_fmadd_ps(sx, _mm256_cvtepi32_ps(acc[0][r][q]), _mm256_loadu_ps(out + r * 32 + 8 * q));
+                __m256 o = _mm256_fmadd_ps(s, _mm256_load_ps(facc + r * 32 + 8 * q), _mm256_loadu_ps(out + r * 32 + 8 * q));
                 o = _mm256_fmadd_ps(offset, _mm256_set1_ps(xsum[r * groups + g]), o);
                 _mm256_storeu_ps(out + r * 32 + 8 * q, o);
             }
@@ -417,23 +515,96 @@ AVXVNNI_TARGET static inline __attribute__((always_inline)) void block_rows_avxv
             _mm_storeu_si128((__m128i*)(y + (size_t)r * N + n0 + 8 * q), bf16_256(_mm256_loadu_ps(out + r * 32 + 8 * q)));
 }
 
-AVXVNNI_TARGET static void blocks_avxvnni(const uint8_t* packed, const uint32_t* scales32, const int16_t* xi,
-                                          const float* xscale, const float* xsum, uint16_t* y, int M, int N, int K,
-                                          int group) {
-    const int groups = K / group;
+AVX2_TARGET static void blocks_avx2a8(const uint8_t* packed, const uint32_t* scales32, const int8_t* xq,
+                                      const float* xscale, const float* xsum, uint16_t* y, int M, int N, int K,
+                                      int group) {
+    const int groups = K / group, blocks = K / 32;
     #pragma omp parallel for schedule(static)
     for (int b = 0; b < N / 32; b++) {
         float out[2 * 32] __attribute__((aligned(32)));
         const uint8_t* blk = packed + (size_t)b * K * 16;
         for (int m = 0; m < M; m += 2) {
-            const int16_t* xm = xi + (size_t)m * K;
-            const float* cm = xscale + m * groups;
+            const int8_t* xm = xq + (size_t)m * K;
+            const float* cm = xscale + m * blocks;
             const float* sm = xsum + m * groups;
             uint16_t* ym = y + (size_t)m * N;
-            if (M - m >= 2) block_rows_avxvnni(blk, scales32, xm, cm, sm, out, ym, 2, b * 32, N, K, group);
-            else block_rows_avxvnni(blk, scales32, xm, cm, sm, out, ym, 1, b * 32, N, K, group);
+            if (M - m >= 2) block_rows_avx2a8(blk, scales32, xm, cm, sm, out, ym, 2, b * 32, N, K, group);
+            else block_rows_avx2a8(blk, scales32, xm, cm, sm, out, ym, 1, b * 32, N, K, group);
         }
     }
+}
+
+// x as int8 per block of 32 inputs for ISA_AVX2A8: q = round(x / scale), scale = max |x| / 127 (0 for an all-zero
+// block), each quad stored as (x_k, x_k+2, x_k+1, x_k+3); xsum becomes each group's sum of the rounded x (in fp32,
+// block by block), so the product is W times the rounded x, as for ISA_A8.
+static void to_int8_b32_scalar(const uint16_t* x, int8_t* xq, float* xscale, float* xsum, int M, int K, int group) {
+    const int groups = K / group, blocks = K / 32;
+    static const int order[4] = {0, 2, 1, 3};
+    for (int m = 0; m < M; m++) {
+        for (int g = 0; g < groups; g++) xsum[m * groups + g] = 0.0f;
+        for (int b = 0; b < blocks; b++) {
+            const uint16_t* xb = x + (size_t)m * K + (size_t)b * 32;
+            int8_t* qb = xq + (size_t)m * K + (size_t)b * 32;
+            float amax = 0.0f;
+            for (int k = 0; k < 32; k++) amax = fmaxf(amax, fabsf(bf16_to_float(xb[k])));
+            const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+            int sum = 0;
+            for (int k = 0; k < 32; k++) {
+                const int8_t v = (int8_t)lrintf(bf16_to_float(xb[k]) * inv);
+                qb[(k & ~3) + order[k & 3]] = v;
+                sum += v;
+            }
+            xscale[m * blocks + b] = amax / 127.0f;
+            xsum[m * groups + b * 32 / group] += (float)sum * (amax / 127.0f);
+        }
+    }
+}
+
+// to_int8_b32 a block at a time: the same fp32 products, rounding and sums, so the same bytes and scales (no
+// fused multiply-add in the sums, as in the scalar version).
+AVX2_TARGET __attribute__((optimize("fp-contract=off"))) static void to_int8_b32_avx2(const uint16_t* x, int8_t* xq, float* xscale, float* xsum, int M, int K,
+                                         int group) {
+    const int groups = K / group, blocks = K / 32;
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    // after two packs the block's dwords hold inputs 0-3, 8-11, 16-19, 24-27, 4-7, 12-15, 20-23, 28-31
+    const __m256i dwords = _mm256_set_epi32(7, 3, 6, 2, 5, 1, 4, 0);
+    const __m256i quads = _mm256_set_epi8(15, 13, 14, 12, 11, 9, 10, 8, 7, 5, 6, 4, 3, 1, 2, 0,
+                                          15, 13, 14, 12, 11, 9, 10, 8, 7, 5, 6, 4, 3, 1, 2, 0);
+    for (int m = 0; m < M; m++) {
+        for (int g = 0; g < groups; g++) xsum[m * groups + g] = 0.0f;
+        for (int b = 0; b < blocks; b++) {
+            const uint16_t* xb = x + (size_t)m * K + (size_t)b * 32;
+            __m256 v[4];
+            __m256 vmax = _mm256_setzero_ps();
+            for (int i = 0; i < 4; i++) {
+                const __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(xb + 8 * i)));
+                v[i] = _mm256_castsi256_ps(_mm256_slli_epi32(h, 16));
+                vmax = _mm256_max_ps(vmax, _mm256_and_ps(v[i], absmask));
+            }
+            float lanes[8];
+            _mm256_storeu_ps(lanes, vmax);
+            float amax = 0.0f;
+            for (int i = 0; i < 8; i++) amax = fmaxf(amax, lanes[i]);
+            const __m256 inv = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+            __m256i q[4];
+            for (int i = 0; i < 4; i++) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv));
+            const __m256i total = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+            int32_t parts[8];
+            _mm256_storeu_si256((__m256i*)parts, total);
+            int sum = 0;
+            for (int i = 0; i < 8; i++) sum += parts[i];
+            const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+            const __m256i ordered = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(bytes, dwords), quads);
+            _mm256_storeu_si256((__m256i*)(xq + (size_t)m * K + (size_t)b * 32), ordered);
+            xscale[m * blocks + b] = amax / 127.0f;
+            xsum[m * groups + b * 32 / group] += (float)sum * (amax / 127.0f);
+        }
+    }
+}
+
+static void to_int8_b32(const uint16_t* x, int8_t* xq, float* xscale, float* xsum, int M, int K, int group) {
+    if (__builtin_cpu_supports("avx2")) to_int8_b32_avx2(x, xq, xscale, xsum, M, K, group);
+    else to_int8_b32_scalar(x, xq, xscale, xsum, M, K, group);
 }
 
 // x as int8 per group: q = round(x / scale), scale = max |x| / 127 (0 for an all-zero group). xsum becomes the
@@ -459,7 +630,7 @@ static void to_int8(const uint16_t* x, int8_t* xb8, float* xscale, float* xsum, 
 }
 
 // x as int16 per group: q = round(x / scale), scale = max |x| / 32767 (0 for an all-zero group).
-static void to_int16(const uint16_t* x, int16_t* xi, float* xscale, int M, int K, int group) {
+static void to_int16_scalar(const uint16_t* x, int16_t* xi, float* xscale, int M, int K, int group) {
     const int groups = K / group;
     for (int m = 0; m < M; m++)
         for (int g = 0; g < groups; g++) {
@@ -470,6 +641,41 @@ static void to_int16(const uint16_t* x, int16_t* xi, float* xscale, int M, int K
             for (int k = 0; k < group; k++) xi[(size_t)m * K + (size_t)g * group + k] = (int16_t)lrintf(bf16_to_float(xg[k]) * inv);
             xscale[m * groups + g] = amax / 32767.0f;
         }
+}
+
+// to_int16 eight inputs at a time (groups of a multiple of 8 inputs): the same fp32 products and the same rounding
+// to nearest even (vcvtps2dq under the default MXCSR, as lrintf), so the same int16 values bit for bit.
+AVX2_TARGET static void to_int16_avx2(const uint16_t* x, int16_t* xi, float* xscale, int M, int K, int group) {
+    const int groups = K / group;
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    for (int m = 0; m < M; m++)
+        for (int g = 0; g < groups; g++) {
+            const uint16_t* xg = x + (size_t)m * K + (size_t)g * group;
+            int16_t* qg = xi + (size_t)m * K + (size_t)g * group;
+            __m256 vmax = _mm256_setzero_ps();
+            for (int k = 0; k < group; k += 8) {
+                const __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(xg + k)));
+                vmax = _mm256_max_ps(vmax, _mm256_and_ps(_mm256_castsi256_ps(_mm256_slli_epi32(h, 16)), absmask));
+            }
+            float lanes[8];
+            _mm256_storeu_ps(lanes, vmax);
+            float amax = 0.0f;
+            for (int i = 0; i < 8; i++) amax = fmaxf(amax, lanes[i]);
+            const float inv = amax > 0.0f ? 32767.0f / amax : 0.0f;
+            const __m256 vinv = _mm256_set1_ps(inv);
+            for (int k = 0; k < group; k += 8) {
+                const __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(xg + k)));
+                const __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(h, 16)), vinv));
+                const __m128i packed = _mm_packs_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
+                _mm_storeu_si128((__m128i*)(qg + k), packed);
+            }
+            xscale[m * groups + g] = amax / 32767.0f;
+        }
+}
+
+static void to_int16(const uint16_t* x, int16_t* xi, float* xscale, int M, int K, int group) {
+    if (group % 8 == 0 && __builtin_cpu_supports("avx2")) to_int16_avx2(x, xi, xscale, M, K, group);
+    else to_int16_scalar(x, xi, xscale, M, K, group);
 }
 
 KERNEL_TARGET static void blocks_bf16(const uint8_t* packed, const uint32_t* scales32, const uint16_t* x,
@@ -534,11 +740,12 @@ static int int4_mm(const uint8_t* packed, const uint32_t* scales32, const uint16
     float* xsum = (float*)malloc(sizeof(float) * (size_t)M * groups);
     const int fp32 = isa == ISA_AVX512 || isa == ISA_AVX2;
     float* xf = fp32 ? (float*)malloc(sizeof(float) * (size_t)M * K) : NULL;
-    const int ints = isa == ISA_VNNI || isa == ISA_AVXVNNI;
+    const int ints = isa == ISA_VNNI || isa == ISA_AVXVNNI || isa == ISA_AVX2I16;
     int16_t* xi = ints ? (int16_t*)malloc(sizeof(int16_t) * (size_t)M * K) : NULL;
-    const int a8 = isa == ISA_A8;
+    const int a8 = isa == ISA_A8 || isa == ISA_AVX2A8;
     int8_t* xb8 = a8 ? (int8_t*)malloc((size_t)M * K) : NULL;
-    float* xscale = ints || a8 ? (float*)malloc(sizeof(float) * (size_t)M * groups) : NULL;
+    const int scales_per_row = isa == ISA_AVX2A8 ? K / 32 : groups;
+    float* xscale = ints || a8 ? (float*)malloc(sizeof(float) * (size_t)M * scales_per_row) : NULL;
     if (xsum == NULL || (fp32 && xf == NULL) || (ints && xi == NULL) || (a8 && xb8 == NULL) ||
         ((ints || a8) && xscale == NULL)) {
         free(xsum);
@@ -557,11 +764,14 @@ static int int4_mm(const uint8_t* packed, const uint32_t* scales32, const uint16
     if (xf != NULL)
         for (size_t i = 0; i < (size_t)M * K; i++) xf[i] = bf16_to_float(x[i]);
     if (xi != NULL) to_int16(x, xi, xscale, M, K, group);
-    if (xb8 != NULL) to_int8(x, xb8, xscale, xsum, M, K, group);
+    if (isa == ISA_A8) to_int8(x, xb8, xscale, xsum, M, K, group);
+    if (isa == ISA_AVX2A8) to_int8_b32(x, xb8, xscale, xsum, M, K, group);
     if (isa == ISA_A8) blocks_int(packed, scales32, xb8, xscale, xsum, y, M, N, K, group, 1);
     else if (isa == ISA_BF16) blocks_bf16(packed, scales32, x, xsum, y, M, N, K, group);
     else if (isa == ISA_VNNI) blocks_int(packed, scales32, xi, xscale, xsum, y, M, N, K, group, 0);
     else if (isa == ISA_AVXVNNI) blocks_avxvnni(packed, scales32, xi, xscale, xsum, y, M, N, K, group);
+    else if (isa == ISA_AVX2I16) blocks_avx2i16(packed, scales32, xi, xscale, xsum, y, M, N, K, group);
+    else if (isa == ISA_AVX2A8) blocks_avx2a8(packed, scales32, xb8, xscale, xsum, y, M, N, K, group);
     else if (isa == ISA_AVX512) blocks_f512(packed, scales32, xf, xsum, y, M, N, K, group);
     else blocks_avx2(packed, scales32, xf, xsum, y, M, N, K, group);
     free(xsum);
@@ -596,6 +806,8 @@ static int cpu_features(void) {  // bit i: ISA i runs on this CPU
                        __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("fma");
     return (avx512 && __builtin_cpu_supports("avx512bf16")) << ISA_BF16 | avx512 << ISA_AVX512 |
            (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) << ISA_AVX2 |
+           (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) << ISA_AVX2I16 |
+           (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) << ISA_AVX2A8 |
            (avx512 && __builtin_cpu_supports("avx512vnni")) << ISA_VNNI |
            (avx512 && __builtin_cpu_supports("avx512vnni")) << ISA_A8 |
            (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
@@ -615,7 +827,8 @@ static PyObject* py_mm(PyObject* self, PyObject* const* args, Py_ssize_t nargs) 
         return NULL;
     }
     if (M < 1 || M > MAX_ROWS || N < 64 || N % 64 || group < 4 || group % 4 || K < group || K % group ||
-        ((isa == ISA_VNNI || isa == ISA_AVXVNNI) && group > MAX_VNNI_GROUP)) {
+        ((isa == ISA_VNNI || isa == ISA_AVXVNNI || isa == ISA_AVX2I16) && group > MAX_VNNI_GROUP) ||
+        (isa == ISA_AVX2A8 && group % 32)) {
         PyErr_SetString(PyExc_ValueError, "int4 mm: shape outside the kernel's range");
         return NULL;
     }
@@ -703,6 +916,8 @@ PyMODINIT_FUNC PyInit__int4(void) {
         PyModule_AddIntConstant(m, "ISA_AVXVNNI", ISA_AVXVNNI);
         PyModule_AddIntConstant(m, "ISA_VNNI", ISA_VNNI);
         PyModule_AddIntConstant(m, "ISA_A8", ISA_A8);
+        PyModule_AddIntConstant(m, "ISA_AVX2I16", ISA_AVX2I16);
+        PyModule_AddIntConstant(m, "ISA_AVX2A8", ISA_AVX2A8);
         PyModule_AddIntConstant(m, "MAX_VNNI_GROUP", MAX_VNNI_GROUP);
     }
     return m;

@@ -4,13 +4,14 @@
 1..16 bf16 rows; short prompts (up to CHUNKED_ROWS rows) run through it 16 rows at a time. torch packs one layout
 per CPU capability, and the kernel has a path for each (see its header): AVX512-BF16; AVX-512 VNNI (int16
 activations, exact integer sums) or plain AVX-512 (fp32) without BF16; AVX2 with AVX-VNNI (int16 activations, as
-AVX-512 VNNI; Intel Core 12th gen and later) or AVX2 + FMA (older laptops). On AVX-512 it also unpacks a matrix
+AVX-512 VNNI; Intel Core 12th gen and later), the same int16 arithmetic on plain AVX2 (`avx2-int16`), or AVX2 + FMA
+in fp32. On AVX-512 it also unpacks a matrix
 to bf16 in one pass (`unpack`), for long prompts.
 It is built at install as an optional C extension; where it could not be built, where torch packs a layout it has
 no path for, or where `PONDER_INT4_KERNEL=torch` is set, every call goes to torch's `_weight_int4pack_mm_for_cpu`.
-`PONDER_INT4_KERNEL=avx512-vnni|avx512|avx2-vnni|avx2` forces a lower path (with `ATEN_CPU_CAPABILITY=avx2`, an AVX2
-laptop's layout); `PONDER_INT4_KERNEL=avx512-a8` opts in to int8 activations (vpdpbusd, twice the products an
-instruction: for several rows at once).
+`PONDER_INT4_KERNEL=avx512-vnni|avx512|avx2-vnni|avx2-int16|avx2` forces a lower path (with
+`ATEN_CPU_CAPABILITY=avx2`, an AVX2 laptop's layout); `PONDER_INT4_KERNEL=avx512-a8` or `avx2-a8` opts in to int8
+activations (vpdpbusd / vpmaddubsw: twice the products an instruction).
 Each row's arithmetic is the same whatever the number of rows, so batched and one-at-a-time decoding give the same
 tokens on either kernel.
 """
@@ -31,14 +32,16 @@ except ImportError:  # not built here (no C compiler at install): torch's kernel
 MAX_ROWS = _int4.MAX_ROWS if _int4 is not None else 0
 
 
-PATHS = {"AVX512": ("avx512-bf16", "avx512-vnni", "avx512"), "AVX2": ("avx2-vnni", "avx2")}
+PATHS = {"AVX512": ("avx512-bf16", "avx512-vnni", "avx512"), "AVX2": ("avx2-vnni", "avx2-int16", "avx2")}
 """The kernel's paths that read the layout torch packs for each of its CPU capabilities, best first."""
-OPT_IN = {"AVX512": ("avx512-a8",)}
-"""Paths taken only when `PONDER_INT4_KERNEL` names them: `avx512-a8` rounds activations to int8 per group (W4A8),
-so it changes what the model computes; its effect on the model is measured before it may become a default."""
+OPT_IN = {"AVX512": ("avx512-a8",), "AVX2": ("avx2-a8",)}
+"""Paths taken only when `PONDER_INT4_KERNEL` names them: `avx512-a8` rounds activations to int8 per group and
+`avx2-a8` per 32 inputs (W4A8), so they change what the model computes; their effect on the model is measured
+before one may become a default."""
 _CODES = {"avx512-bf16": "ISA_BF16", "avx512-vnni": "ISA_VNNI", "avx512": "ISA_AVX512", "avx2-vnni": "ISA_AVXVNNI",
-          "avx2": "ISA_AVX2", "avx512-a8": "ISA_A8"}
-INT16_PATHS = ("avx512-vnni", "avx2-vnni")
+          "avx2-int16": "ISA_AVX2I16", "avx2": "ISA_AVX2", "avx512-a8": "ISA_A8",
+          "avx2-a8": "ISA_AVX2A8"}
+INT16_PATHS = ("avx512-vnni", "avx2-vnni", "avx2-int16")
 """Paths that hold activations as int16 per group (at most MAX_VNNI_GROUP inputs a group)."""
 
 
@@ -93,7 +96,7 @@ def kernel_name() -> str:
     return "torch"
 
 
-CHUNKED_ROWS = 64 if PATH in ("avx512-bf16", "avx2", "avx2-vnni") else MAX_ROWS
+CHUNKED_ROWS = 64 if PATH in ("avx512-bf16", "avx2", "avx2-vnni", "avx2-int16") else MAX_ROWS
 """Up to this many rows go through Ponder's kernel MAX_ROWS at a time (each row computes the same either way):
 at 16 rows it takes half torch's time (1.56 against 3.32 ms for 9728×896 on a 2-core EPYC). Longer prompts
 unpack to bf16 (models.quantization.prefill_rows) or run on torch's kernel. The AVX-512 paths without bf16
@@ -104,7 +107,8 @@ unpack to bf16 (models.quantization.prefill_rows) or run on torch's kernel. The 
 def runs_rows(rows: int, out_features: int, group_size: int) -> bool:
     """Whether Ponder's kernel takes a matmul of this shape."""
     return (ENABLED and 1 <= rows <= CHUNKED_ROWS and out_features % 64 == 0 and group_size % 4 == 0
-            and (PATH not in INT16_PATHS or group_size <= _int4.MAX_VNNI_GROUP))
+            and (PATH not in INT16_PATHS or group_size <= _int4.MAX_VNNI_GROUP)
+            and (PATH != "avx2-a8" or group_size % 32 == 0))
 
 
 def int4_mm(x: torch.Tensor, data: torch.Tensor, group_size: int, scales: torch.Tensor) -> torch.Tensor:

@@ -118,7 +118,7 @@ def test_bad_shapes_raise_instead_of_reading_out_of_bounds():
     with pytest.raises(ValueError, match="shape"):
         int4_kernel._int4.mm(*args, 0, 128, 256, 128, int4_kernel.ISA)
     with pytest.raises(ValueError, match="instruction set"):  # an unknown path is refused, never jumped to
-        int4_kernel._int4.mm(*args, 1, 128, 256, 128, 7)
+        int4_kernel._int4.mm(*args, 1, 128, 256, 128, 255)
 
 
 @needs_kernel
@@ -180,7 +180,7 @@ def test_every_path_this_cpu_runs_agrees_with_the_others():
         assert (y.double() - exact).abs().max() <= exact.abs().max() * 2 ** -7
 
 
-@pytest.mark.parametrize("path", ["avx2", "avx2-vnni"])
+@pytest.mark.parametrize("path", ["avx2", "avx2-int16", "avx2-vnni"])
 def test_the_avx2_paths_pass_these_tests_on_torchs_avx2_packing(path):
     """A laptop without AVX-512: torch packs its AVX2 layout, and each AVX2 path (with AVX-VNNI, or FMA only) runs
     every test above."""
@@ -196,23 +196,36 @@ def test_the_avx2_paths_pass_these_tests_on_torchs_avx2_packing(path):
     assert run.returncode == 0, run.stdout[-3000:]
 
 
-def int8_rounded(x: torch.Tensor, group: int) -> torch.Tensor:
-    """x rounded to int8 per row and group as the avx512-a8 path rounds it (scale max |x| / 127, in fp32)."""
-    xf = x.float().view(x.shape[0], -1, group)
+def int8_rounded(x: torch.Tensor, block: int) -> torch.Tensor:
+    """x rounded to int8 per row and block as the int8 paths round it (scale max |x| / 127, in fp32)."""
+    xf = x.float().view(x.shape[0], -1, block)
     amax = xf.abs().amax(-1, keepdim=True)
     inv = torch.where(amax > 0, torch.tensor(127.0) / amax, torch.zeros_like(amax))
     return (torch.round(xf * inv).double() * (amax / 127.0).double()).view(x.shape)
 
 
-def test_the_int8_activation_path_computes_w_times_the_rounded_activations():
-    """`avx512-a8` (opt-in) rounds each row's activations to int8 per group and then multiplies exactly: within
-    one bf16 rounding of the float64 product with the rounded x, the same for a row alone or in a batch, and
-    within 2% of the largest exact output (the price of 8-bit activations, measured on the model before use)."""
-    code = getattr(int4_kernel._int4, "ISA_A8", None) if int4_kernel._int4 is not None else None
+INT8_PATHS = {"AVX512": ("avx512-a8", 128), "AVX2": ("avx2-a8", 32)}
+"""The opt-in int8-activation path of each packing, and how many inputs share one activation scale."""
+
+
+def int8_path() -> tuple[str, int, int]:
+    """(path, ISA code, activation block) of this packing's int8 path; skips where this CPU or build lacks it."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability not in INT8_PATHS or int4_kernel._int4 is None:
+        pytest.skip("needs the built kernel and a packing it reads")
+    path, block = INT8_PATHS[capability]
+    code = getattr(int4_kernel._int4, int4_kernel._CODES[path], None)
     if code is None or not int4_kernel._int4.features() >> code & 1:
-        pytest.skip("needs the built kernel and AVX-512 VNNI")
-    if torch.backends.cpu.get_cpu_capability() != "AVX512":
-        pytest.skip("the path reads torch's AVX512 packing")
+        pytest.skip(f"this CPU lacks the {path} path")
+    return path, code, block
+
+
+def test_the_int8_activation_paths_compute_w_times_the_rounded_activations():
+    """`avx512-a8` and `avx2-a8` (opt-in; the latter in the AVX2 child processes) round each row's activations to
+    int8 (per group, and per 32 inputs as llama.cpp's Q8_0) and then multiply exactly: within one bf16 rounding of
+    the float64 product with the rounded x, the same for a row alone or in a batch, and within 2% of the largest
+    exact output (the price of 8-bit activations, measured on the model before use)."""
+    _, code, block = int8_path()
     packed, scales, weight = random_int4(640, 1024, 128)
     x = torch.randn(7, 1024, generator=torch.Generator().manual_seed(9)).to(torch.bfloat16)
 
@@ -222,7 +235,7 @@ def test_the_int8_activation_path_computes_w_times_the_rounded_activations():
                              1024, 128, code)
         return y
     y = run(x)
-    rounded = int8_rounded(x, 128) @ weight.t()
+    rounded = int8_rounded(x, block) @ weight.t()
     assert (y.double() - rounded).abs().max() <= rounded.abs().max() * 2 ** -7
     assert torch.equal(y, torch.cat([run(x[i:i + 1].clone()) for i in range(7)]))
     exact = x.double() @ weight.t()
@@ -230,12 +243,11 @@ def test_the_int8_activation_path_computes_w_times_the_rounded_activations():
 
 
 def test_int8_activations_are_opt_in():
-    """The default path never rounds activations; `PONDER_INT4_KERNEL=avx512-a8` chooses it where the CPU has it."""
-    assert int4_kernel.PATH != "avx512-a8" or os.environ.get("PONDER_INT4_KERNEL") == "avx512-a8"
-    code = getattr(int4_kernel._int4, "ISA_A8", None) if int4_kernel._int4 is not None else None
-    if code is None or not int4_kernel._int4.features() >> code & 1 or torch.backends.cpu.get_cpu_capability() != "AVX512":
-        pytest.skip("needs the built kernel, AVX-512 VNNI and torch's AVX512 packing")
-    env = dict(os.environ, PONDER_INT4_KERNEL="avx512-a8")
+    """The default path never rounds activations; `PONDER_INT4_KERNEL=<the int8 path>` chooses it where the CPU
+    has it."""
+    assert int4_kernel.PATH not in ("avx512-a8", "avx2-a8") or os.environ.get("PONDER_INT4_KERNEL") == int4_kernel.PATH
+    path, _, _ = int8_path()
+    env = dict(os.environ, PONDER_INT4_KERNEL=path)
     probe = subprocess.run([sys.executable, "-c", "from models import int4_kernel; print(int4_kernel.kernel_name())"],
                            env=env, capture_output=True, text=True, timeout=120)
-    assert probe.stdout.strip() == "ponder avx512-a8", probe.stderr
+    assert probe.stdout.strip() == f"ponder {path}", probe.stderr
