@@ -123,9 +123,11 @@ def long_prompt(tokenizer, tokens: int) -> str:
     return " ".join(words[:lo])
 
 
-def run_ponder(name: str, model_id: str, tokens: int, runs: int, ff_keep: float = 0.5, ff_reselect: int = 0) -> dict:
+def run_ponder(name: str, model_id: str, tokens: int, runs: int, ff_keep: float = 0.5, ff_reselect: int = 0,
+               long: bool = True) -> dict:
     from core.config import EngineConfig, SamplingConfig
     from core.loading import load_engine
+    from models.int4_kernel import kernel_name
 
     variant = name if name in VARIANTS else None
     precision, kv, head_bits, group = PONDER_SYSTEMS[default_system(model_id) if variant else name]
@@ -161,14 +163,14 @@ def run_ponder(name: str, model_id: str, tokens: int, runs: int, ff_keep: float 
     cached = answer.stats.prompt_tokens + answer.stats.completion_tokens - 1
     out = {"ttft_s": statistics.median(ttfts), "decode_tok_s": statistics.median(rates),
            "kv_bytes_per_token": answer.stats.kv_cache_bytes / cached, "prompt_tokens": answer.stats.prompt_tokens,
-           "sample": answer.text[:160]}
+           "sample": answer.text[:160], "int4_kernel": kernel_name()}
     if variant:
         out["what"] = VARIANTS[variant]
         out["kv_bytes_per_token"] = None
     selection = getattr(engine.last_cache, "ff_selection", None)
     if selection is not None:
         out["selection_build_s"] = selection.build_s
-    if name == default_system(model_id):
+    if name == default_system(model_id) and long:
         for n in LONG_PROMPTS:
             text = long_prompt(engine.tokenizer, n)
             engine.generate(text, replace(cfg, max_tokens=1))  # warm-up at this length
@@ -289,26 +291,33 @@ def prepare(name: str, model_id: str) -> None:
                                                          head_bits=head_bits, group_size=group))
 
 
-def one(name: str, model_id: str, tokens: int, runs: int, ff_keep: float = 0.5, ff_reselect: int = 0) -> dict:
+def one(name: str, model_id: str, tokens: int, runs: int, ff_keep: float = 0.5, ff_reselect: int = 0,
+        long: bool = True) -> dict:
     if name in ("hf_fp32", "hf_bf16"):
         out = run_hf(name[3:], model_id, tokens, runs)
     elif name.startswith("llama_cpp"):
         out = run_llama_cpp(model_id, tokens, runs, repack=not name.endswith("norepack"), q4_0="q4_0" in name)
     else:
-        out = run_ponder(name, model_id, tokens, runs, ff_keep, ff_reselect)
+        out = run_ponder(name, model_id, tokens, runs, ff_keep, ff_reselect, long)
     out["peak_rss_mb"] = peak_rss_mb()
     return out
 
 
-def spawn(name: str, args) -> dict | None:
+def spawn(name: str, args, kernel: str | None = None) -> dict | None:
+    """`name` measured in a process of its own; `kernel`: the int4 kernel path it must run on (PONDER_INT4_KERNEL)."""
+    env = dict(os.environ, PONDER_INT4_KERNEL=kernel) if kernel else None
     cmd = [sys.executable, "-m", "bench.decode", "--one", name, "--tokens", str(args.tokens), "--runs",
            str(args.runs), "--model", args.model, "--ff-keep", str(args.ff_keep), "--ff-reselect", str(args.ff_reselect)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
+    if kernel:  # prompts past CHUNKED_ROWS and the cache's size do not depend on the decode kernel
+        cmd.append("--short")
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent, env=env)
     if proc.returncode != 0:
         print(f"[bench] {name} failed (exit {proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}",
               file=sys.stderr)
         return {"error": f"exit {proc.returncode}"}
     result = json.loads(proc.stdout.strip().splitlines()[-1])
+    if kernel and result.get("int4_kernel") != f"ponder {kernel}":
+        return {"error": f"asked for the {kernel} kernel, ran on {result.get('int4_kernel')}"}
     print(f"[bench] {name}: {result['decode_tok_s']:.1f} tok/s, TTFT {result['ttft_s']:.3f}s, "
           f"RSS {result['peak_rss_mb']:.0f} MB", file=sys.stderr)
     return result
@@ -394,6 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.decode")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)
     p.add_argument("--prepare", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--short", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--model", default=DEFAULT_MODEL)
@@ -404,10 +414,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ff-reselect", type=int, default=0, help="GRIFFIN variants: reselect every N steps (0: never)")
     p.add_argument("--systems", nargs="+", default=None, metavar="NAME",
                    help="run only these (written to decode_subset.json/.md, the full table stays)")
+    p.add_argument("--kernels", nargs="+", default=(), metavar="PATH",
+                   help="also run the model's default system on each of these int4 kernel paths "
+                        "(PONDER_INT4_KERNEL values), as rows '<system> [<path>]' of the same run")
     args = p.parse_args(argv)
     if args.one:
         with quiet_machine():
-            print(json.dumps(one(args.one, args.model, args.tokens, args.runs, args.ff_keep, args.ff_reselect)))
+            print(json.dumps(one(args.one, args.model, args.tokens, args.runs, args.ff_keep, args.ff_reselect,
+                                 long=not args.short)))
         return 0
     if args.prepare:
         prepare(args.prepare, args.model)
@@ -423,6 +437,8 @@ def main(argv: list[str] | None = None) -> int:
             subprocess.run([sys.executable, "-m", "bench.decode", "--prepare", name, "--model", args.model],
                            check=True, cwd=Path(__file__).resolve().parent.parent, capture_output=True)
     systems = {n: spawn(n, args) for n in names}
+    for kernel in args.kernels:
+        systems[f"{default_system(args.model)} [{kernel}]"] = spawn(default_system(args.model), args, kernel)
     for gguf in ("llama_cpp", "llama_cpp_q4_0"):  # the embedded GGUF, then llama.cpp's own pure Q4_0 of it
         if llama_available() and not args.quick and (not args.systems or gguf in args.systems):
             systems[gguf] = spawn(gguf, args)

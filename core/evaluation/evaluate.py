@@ -19,6 +19,7 @@ from core.events import DoneEvent
 from core.prompting.chat_format import DEFAULT_SYSTEM
 from core.prompting.prompts import reasoning_system
 from core.reasoning.voting import is_correct, score_candidates
+from models.int4_kernel import kernel_name
 from models.quantization import GROUP_SIZE, GROUP_SIZES, PRECISIONS
 
 
@@ -159,7 +160,8 @@ def engine_settings(engine) -> dict:
             "kv": engine.kv, "decode": engine.decode,
             "ff_keep": engine.ff_keep if engine.decode != "dense" else None,
             "ff_reselect": engine.ff_reselect if engine.decode.startswith("griffin") else None,
-            "ff_decay": engine.ff_decay if engine.decode.startswith("griffin") and engine.ff_reselect else None}
+            "ff_decay": engine.ff_decay if engine.decode.startswith("griffin") and engine.ff_reselect else None,
+            "int4_kernel": kernel_name()}  # its paths round differently: a resumed run must use the same one
 
 
 def summarize(engine, rows: list[dict], args, batch: int) -> dict:
