@@ -537,33 +537,10 @@ AVX2_TARGET static void blocks_avx2a8(const uint8_t* packed, const uint32_t* sca
 // x as int8 per block of 32 inputs for ISA_AVX2A8: q = round(x / scale), scale = max |x| / 127 (0 for an all-zero
 // block), each quad stored as (x_k, x_k+2, x_k+1, x_k+3); xsum becomes each group's sum of the rounded x (in fp32,
 // block by block), so the product is W times the rounded x, as for ISA_A8.
-static void to_int8_b32_scalar(const uint16_t* x, int8_t* xq, float* xscale, float* xsum, int M, int K, int group) {
-    const int groups = K / group, blocks = K / 32;
-    static const int order[4] = {0, 2, 1, 3};
-    for (int m = 0; m < M; m++) {
-        for (int g = 0; g < groups; g++) xsum[m * groups + g] = 0.0f;
-        for (int b = 0; b < blocks; b++) {
-            const uint16_t* xb = x + (size_t)m * K + (size_t)b * 32;
-            int8_t* qb = xq + (size_t)m * K + (size_t)b * 32;
-            float amax = 0.0f;
-            for (int k = 0; k < 32; k++) amax = fmaxf(amax, fabsf(bf16_to_float(xb[k])));
-            const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-            int sum = 0;
-            for (int k = 0; k < 32; k++) {
-                const int8_t v = (int8_t)lrintf(bf16_to_float(xb[k]) * inv);
-                qb[(k & ~3) + order[k & 3]] = v;
-                sum += v;
-            }
-            xscale[m * blocks + b] = amax / 127.0f;
-            xsum[m * groups + b * 32 / group] += (float)sum * (amax / 127.0f);
-        }
-    }
-}
-
-// to_int8_b32 a block at a time: the same fp32 products, rounding and sums, so the same bytes and scales (no
-// fused multiply-add in the sums, as in the scalar version).
-AVX2_TARGET __attribute__((optimize("fp-contract=off"))) static void to_int8_b32_avx2(const uint16_t* x, int8_t* xq, float* xscale, float* xsum, int M, int K,
-                                         int group) {
+// Eight inputs a vector (ISA_AVX2A8 runs only where AVX2 does), rounded to nearest even as lrintf; no fused
+// multiply-add in the sums, so each group's xsum is the plain fp32 sum of its blocks' scale * sum q.
+AVX2_TARGET __attribute__((optimize("fp-contract=off"))) static void to_int8_b32(const uint16_t* x, int8_t* xq,
+        float* xscale, float* xsum, int M, int K, int group) {
     const int groups = K / group, blocks = K / 32;
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
     // after two packs the block's dwords hold inputs 0-3, 8-11, 16-19, 24-27, 4-7, 12-15, 20-23, 28-31
@@ -600,11 +577,6 @@ AVX2_TARGET __attribute__((optimize("fp-contract=off"))) static void to_int8_b32
             xsum[m * groups + b * 32 / group] += (float)sum * (amax / 127.0f);
         }
     }
-}
-
-static void to_int8_b32(const uint16_t* x, int8_t* xq, float* xscale, float* xsum, int M, int K, int group) {
-    if (__builtin_cpu_supports("avx2")) to_int8_b32_avx2(x, xq, xscale, xsum, M, K, group);
-    else to_int8_b32_scalar(x, xq, xscale, xsum, M, K, group);
 }
 
 // x as int8 per group: q = round(x / scale), scale = max |x| / 127 (0 for an all-zero group). xsum becomes the
