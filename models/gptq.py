@@ -155,12 +155,16 @@ def codes_fingerprint(codes: dict[str, tuple[torch.Tensor, torch.Tensor, torch.T
 
     digest = hashlib.sha256()
     for name in sorted(codes):
-        q, scale, zero = codes[name]
-        digest.update(name.encode())
-        digest.update(q.to(torch.uint8).contiguous().numpy().tobytes())
-        for t in (scale, zero):
-            digest.update(t.contiguous().view(torch.int16).numpy().tobytes())
+        add_to_fingerprint(digest, name, *codes[name])
     return digest.hexdigest()
+
+
+def add_to_fingerprint(digest, name: str, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> None:
+    """One matrix's part of `codes_fingerprint` (matrices in name order), for callers that see one at a time."""
+    digest.update(name.encode())
+    digest.update(q.to(torch.uint8).contiguous().numpy().tobytes())
+    for t in (scale, zero):
+        digest.update(t.contiguous().view(torch.int16).numpy().tobytes())
 
 
 def dequantize(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group: int) -> torch.Tensor:

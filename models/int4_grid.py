@@ -60,6 +60,32 @@ def pack(q: torch.Tensor) -> torch.Tensor:
     return torch._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), 1)
 
 
+PACKINGS = {"AVX512": (64, True), "AVX2": (32, True), "DEFAULT": (32, False)}
+"""torch's int4 CPU packing per CPU capability (`weight_to_int4pack_kernel` in ATen's int4mm_kernel.cpp): outputs
+in blocks of `block`, each block's inputs one line of block / 2 bytes after another. A whole block of a vectorized
+capability (the flag) holds output j in byte j's low nibble and output j + block / 2 in its high one; every other
+block (a shorter last one, or any block of the plain build) holds outputs 2m and 2m + 1 in byte m."""
+
+
+def unpack(packed: torch.Tensor, n: int, k: int, capability: str) -> torch.Tensor:
+    """Codes (n, k) uint8 of a matrix that `pack` packed under `capability` (one of PACKINGS): how a prepared
+    model moves to a CPU whose kernels read another packing without being prepared again."""
+    block, split = PACKINGS[capability]
+    flat = packed.reshape(-1)
+    if n % 16 or k % 2 or flat.numel() != n * k // 2:
+        raise ValueError(f"not a packed int4 matrix of {n} x {k}")
+    whole = n // block if split else 0
+    parts = []
+    if whole:
+        lines = flat[: whole * block * k // 2].view(whole, k, block // 2)
+        parts.append(torch.cat([lines & 15, lines >> 4], 2).transpose(1, 2).reshape(whole * block, k))
+    for start in range(whole * block, n, block):
+        width = min(block, n - start)
+        lines = flat[start * k // 2: (start + width) * k // 2].view(k, width // 2)
+        parts.append(torch.stack([lines & 15, lines >> 4], 2).reshape(k, width).t())
+    return torch.cat(parts).contiguous()
+
+
 def scales_zeros(scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
     """(n, k / group) scales and zeros as the kernels read them: (k / group, n, 2) bf16."""
     return torch.stack((scale.t(), zero.t()), -1).to(torch.bfloat16).contiguous()

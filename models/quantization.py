@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import types
 from pathlib import Path
 
@@ -18,6 +19,8 @@ from torch import nn
 from . import int4_grid, int4_kernel
 from .fpt import FptSpec
 from .int4_kernel import int4_mm
+
+log = logging.getLogger(__name__)
 
 QUANT_FILE = "ponder_quant.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -188,8 +191,9 @@ def load_quantized(folder: Path) -> nn.Module:
     info = quant_info(folder) or {}
     if info.get("format") != FORMAT or info.get("torch") != torch.__version__:
         raise ValueError(f"quantized weights in {folder} were written by another format or torch version")
-    if info.get("cpu_capability") != cpu_capability():  # int4 packing differs between AVX2 and AVX-512 kernels
-        raise ValueError(f"quantized weights in {folder} were packed for {info.get('cpu_capability')!r} kernels, "
+    packed_for = info.get("cpu_capability")
+    if packed_for != cpu_capability() and not {packed_for, cpu_capability()} <= set(int4_grid.PACKINGS):
+        raise ValueError(f"quantized weights in {folder} were packed for {packed_for!r} kernels, "
                          f"this CPU runs {cpu_capability()!r}")
     config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
     with torch.device("meta"):
@@ -199,6 +203,9 @@ def load_quantized(folder: Path) -> nn.Module:
         if name in qmap:
             _quantize_submodule(model, name, module, weights=qmap[name]["weights"])
     state = read_weights(folder / WEIGHTS_FILE)
+    if packed_for != cpu_capability():
+        repack(state, packed_for, int(info.get("group_size", GROUP_SIZE)), info.get("codes_sha256"))
+        log.info("%s: int4 weights packed for %s kernels, repacked for %s", folder, packed_for, cpu_capability())
     packed = {k[: -len(PACKED_DATA)] for k in state if k.endswith(PACKED_DATA)}
     plain = {k: v for k, v in state.items() if not k.endswith((PACKED_DATA, PACKED_SCALES))}
     model.load_state_dict(plain, strict=False, assign=True)
@@ -219,6 +226,26 @@ def load_quantized(folder: Path) -> nn.Module:
         model.ponder_fpt = spec
     install_fast_kernels(model)
     return model
+
+
+def repack(state: dict[str, torch.Tensor], packed_for: str, group: int, fingerprint: str | None) -> None:
+    """Move the saved int4 codes from `packed_for`'s packing into this CPU's, in place (seconds, where preparing
+    the weights again takes minutes and may round some differently), and check them against the fingerprint saved
+    with them (W4-FPT's): a prepared model follows the machine's kernels (`ATEN_CPU_CAPABILITY`, a data folder or
+    a virtual machine moved to another CPU) with the same numbers."""
+    import hashlib
+
+    from .gptq import add_to_fingerprint
+
+    digest = hashlib.sha256()
+    for key in sorted(k for k in state if k.endswith(PACKED_DATA)):  # name order, as the fingerprint reads them
+        name = key[: -len(".weight" + PACKED_DATA)]
+        scale_shift = state[name + ".weight" + PACKED_SCALES]
+        codes = int4_grid.unpack(state[key], scale_shift.shape[1], scale_shift.shape[0] * group, packed_for)
+        state[key] = int4_grid.pack(codes)
+        add_to_fingerprint(digest, name, codes, scale_shift[..., 0].t(), scale_shift[..., 1].t())
+    if fingerprint is not None and digest.hexdigest() != fingerprint:
+        raise ValueError(f"int4 codes read from the {packed_for} packing differ from the ones saved")
 
 
 def _packed_weight(module: nn.Module, packed: torch.Tensor, scale_shift: torch.Tensor) -> nn.Parameter:

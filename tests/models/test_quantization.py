@@ -1,4 +1,6 @@
 """W4/W8 quantization: quantize once, save, restore without re-quantizing, same outputs; fast kernels match quanto."""
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -97,8 +99,8 @@ def test_dense_copy_computes_what_the_quantized_model_computes():
 
 
 def test_weights_packed_for_other_cpu_kernels_are_repacked(tiny_store):
-    """int4 weights packed for AVX-512 kernels compute garbage under AVX2 ones (and back): a data folder moved to
-    another CPU must be re-quantized, not trusted."""
+    """int4 weights packed for kernels whose packing Ponder cannot read (an ARM build's, say) would compute garbage:
+    such a cache is re-quantized, not trusted."""
     import json
 
     m = tiny_store.get("tiny-qwen2")
@@ -112,6 +114,64 @@ def test_weights_packed_for_other_cpu_kernels_are_repacked(tiny_store):
         load_quantized(qdir)
     load_model(m, cfg)  # re-quantized for this CPU and saved again
     assert json.loads((qdir / "ponder_quant.json").read_text())["cpu_capability"] == info["cpu_capability"]
+
+
+CHILD_SAVE = """
+import sys
+from pathlib import Path
+from safetensors.torch import save_file
+from models import int4_grid
+from models.gptq import codes_fingerprint
+from models.quantization import cpu_capability, dense_weight, quantize_model, save_quantized
+from tests.tiny import make_model
+out = Path(sys.argv[1])
+q = quantize_model(make_model(448), 4, head_bits=4)
+codes = {}
+for name, module in q.named_modules():
+    w = getattr(module, "weight", None)
+    if hasattr(w, "_scale_shift"):
+        ss = w._scale_shift
+        codes[name] = (int4_grid.unpack(w._data._data, ss.shape[1], ss.shape[0] * 128, cpu_capability()),
+                       ss[..., 0].t(), ss[..., 1].t())
+q.ponder_codes = codes_fingerprint(codes)
+save_quantized(q, out, 4, 4)
+save_file({n: dense_weight(q.get_submodule(n)).contiguous() for n in codes}, str(out / "dense.safetensors"))
+print(cpu_capability())
+"""
+
+
+def test_weights_packed_for_another_known_packing_are_converted_not_requantized(tmp_path):
+    """A cache saved under another CPU capability whose int4 packing Ponder knows (AVX2 here, or the plain build
+    on an AVX2 machine) loads with its codes moved into this CPU's packing: every int4 matrix dequantizes to the
+    numbers the other kernels computed, and the codes are checked against the fingerprint saved with them."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    from models import int4_grid
+    from models.quantization import dense_weight
+
+    here = torch.backends.cpu.get_cpu_capability()
+    if here not in int4_grid.PACKINGS:
+        pytest.skip(f"torch packs int4 for {here}, a packing Ponder does not read")
+    other = "avx2" if here == "AVX512" else "default"
+    env = dict(os.environ, ATEN_CPU_CAPABILITY=other)
+    run = subprocess.run([sys.executable, "-c", CHILD_SAVE, str(tmp_path)], env=env, capture_output=True, text=True,
+                         timeout=300, cwd=Path(__file__).resolve().parents[2])
+    assert run.returncode == 0, run.stderr[-2000:]
+    info = json.loads((tmp_path / "ponder_quant.json").read_text())
+    assert info["cpu_capability"] == run.stdout.split()[-1] != here
+    restored = load_quantized(tmp_path)
+    dense = load_file(str(tmp_path / "dense.safetensors"))
+    assert dense
+    for name, expected in dense.items():
+        assert torch.equal(dense_weight(restored.get_submodule(name)), expected), name
+    (tmp_path / "ponder_quant.json").write_text(json.dumps({**info, "codes_sha256": "0" * 64}))
+    with pytest.raises(ValueError, match="differ from the ones saved"):
+        load_quantized(tmp_path)
 
 
 def test_smaller_int4_groups_are_closer_and_survive_save_and_restore(tmp_path):
