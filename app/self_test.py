@@ -77,7 +77,8 @@ def check_kernels() -> str:
     import torch
     from torch import nn
 
-    from models.quantization import _int4_forward, _int8_forward, cpu_capability, quantize_model
+    from models.quantization import _int4_forward, _int8_forward, quantize_model
+    from models.quantized_files import cpu_capability
 
     torch.manual_seed(0)
     x = torch.randn(4, 512, dtype=torch.bfloat16)

@@ -28,7 +28,8 @@ from models.convert import AtomicDir
 from models.errors import CorruptModelFile
 from models.fpt import fpt_of, transform_head
 from models.fpt_calibration import quantize_w4_fpt
-from models.quantization import GROUP_SIZE, load_quantized, quant_info, quantize_model, save_quantized
+from models.quantization import GROUP_SIZE, quantize_model
+from models.quantized_files import load_quantized, quant_info, save_quantized
 
 log = logging.getLogger(__name__)
 Progress = Callable[[str, int, int], None]

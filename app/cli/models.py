@@ -130,7 +130,7 @@ def cmd_quantize(args) -> int:
 
     installed = ModelStore().get(args.model)
     cfg = EngineConfig(model_id=args.model, precision=args.method, head_bits=args.head_bits, group_size=args.group)
-    from models.quantization import quant_info
+    from models.quantized_files import quant_info
 
     folder = quantized_dir(installed, args.method, args.head_bits, args.group)
     existed = quant_info(folder) is not None and not args.force

@@ -7,7 +7,8 @@ import torch
 from core.config import EngineConfig
 from core.decode.cache import new_cache
 from core.loading import load_model, quantized_dir
-from models.quantization import install_fast_kernels, load_quantized, quantize_model
+from models.quantization import install_fast_kernels, quantize_model
+from models.quantized_files import load_quantized
 from tests.tiny import make_model
 
 
@@ -122,7 +123,8 @@ from pathlib import Path
 from safetensors.torch import save_file
 from models import int4_grid
 from models.gptq import codes_fingerprint
-from models.quantization import cpu_capability, dense_weight, quantize_model, save_quantized
+from models.quantization import dense_weight, quantize_model
+from models.quantized_files import cpu_capability, save_quantized
 from tests.tiny import make_model
 out = Path(sys.argv[1])
 q = quantize_model(make_model(448), 4, head_bits=4)
@@ -177,7 +179,8 @@ def test_weights_packed_for_another_known_packing_are_converted_not_requantized(
 def test_smaller_int4_groups_are_closer_and_survive_save_and_restore(tmp_path):
     """Group size is a real setting: smaller groups quantize closer to bf16, the packed kernel runs them, and a
     saved model restores with its own group size (not the default)."""
-    from models.quantization import dense_weight, save_quantized
+    from models.quantization import dense_weight
+    from models.quantized_files import save_quantized
 
     ref = make_model(448).model.layers[0].mlp.down_proj.weight.float()  # in_features 256: packed int4
     errors, models = {}, {}
@@ -221,7 +224,7 @@ def mapped_file(tensor: torch.Tensor) -> str | None:
 def test_restored_weights_copy_the_packed_tensors_and_map_the_embedding(tmp_path):
     """The packed int4 tensors are aligned copies of their own; the embedding stays on the file's mapping, so only
     the rows of the tokens seen are ever read in (the window's resident memory, issue #12)."""
-    from models.quantization import PACKED_DATA, read_weights, save_quantized
+    from models.quantized_files import PACKED_DATA, read_weights, save_quantized
 
     save_quantized(quantize_model(make_model(448), 4, head_bits=4), tmp_path, 4, 4)
     path = tmp_path / "model.safetensors"
