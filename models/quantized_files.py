@@ -142,6 +142,7 @@ def load_quantized(folder: Path) -> nn.Module:
     spec = FptSpec.load(folder)
     if spec is not None:
         model.ponder_fpt = spec
+    model.ponder_codes = info.get("codes_sha256")  # which rounding of the weights this is (W4-FPT's GPTQ)
     install_fast_kernels(model)
     return model
 

@@ -161,7 +161,8 @@ def engine_settings(engine) -> dict:
             "ff_keep": engine.ff_keep if engine.decode != "dense" else None,
             "ff_reselect": engine.ff_reselect if engine.decode.startswith("griffin") else None,
             "ff_decay": engine.ff_decay if engine.decode.startswith("griffin") and engine.ff_reselect else None,
-            "int4_kernel": kernel_name()}  # its paths round differently: a resumed run must use the same one
+            "int4_kernel": kernel_name(),  # its paths round differently: a resumed run must use the same one
+            "codes_sha256": getattr(engine.model, "ponder_codes", None)}  # which W4-FPT rounding: prepared per machine
 
 
 def summarize(engine, rows: list[dict], args, batch: int) -> dict:
