@@ -155,16 +155,19 @@ def codes_fingerprint(codes: dict[str, tuple[torch.Tensor, torch.Tensor, torch.T
 
     digest = hashlib.sha256()
     for name in sorted(codes):
-        add_to_fingerprint(digest, name, *codes[name])
+        q, scale, zero = codes[name]
+        add_to_fingerprint(digest, name, [q], scale, zero)
     return digest.hexdigest()
 
 
-def add_to_fingerprint(digest, name: str, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> None:
-    """One matrix's part of `codes_fingerprint` (matrices in name order), for callers that see one at a time."""
+def add_to_fingerprint(digest, name: str, q_rows, scale: torch.Tensor, zero: torch.Tensor) -> None:
+    """One matrix's part of `codes_fingerprint` (matrices in name order), its codes given as consecutive row
+    slices, for callers that see one matrix, or a part of one, at a time."""
     digest.update(name.encode())
-    digest.update(q.to(torch.uint8).contiguous().numpy().tobytes())
+    for q in q_rows:
+        digest.update(q.to(torch.uint8).contiguous().numpy())
     for t in (scale, zero):
-        digest.update(t.contiguous().view(torch.int16).numpy().tobytes())
+        digest.update(t.contiguous().view(torch.int16).numpy())
 
 
 def dequantize(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group: int) -> torch.Tensor:

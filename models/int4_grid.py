@@ -61,10 +61,27 @@ def pack(q: torch.Tensor) -> torch.Tensor:
 
 
 PACKINGS = {"AVX512": (64, True), "AVX2": (32, True), "DEFAULT": (32, False)}
-"""torch's int4 CPU packing per CPU capability (`weight_to_int4pack_kernel` in ATen's int4mm_kernel.cpp): outputs
-in blocks of `block`, each block's inputs one line of block / 2 bytes after another. A whole block of a vectorized
-capability (the flag) holds output j in byte j's low nibble and output j + block / 2 in its high one; every other
-block (a shorter last one, or any block of the plain build) holds outputs 2m and 2m + 1 in byte m."""
+"""torch's int4 CPU packing per CPU capability in its x86-64 builds other than Windows' (`weight_to_int4pack_kernel`
+in ATen's int4mm_kernel.cpp; MSVC builds and ARM pack otherwise): outputs in blocks of `block`, each block's inputs
+one line after another, a line holding the block's width / 2 bytes. A whole block of a vectorized capability (the
+flag) holds output j in byte j's low nibble and output j + block / 2 in its high one; every other block (a shorter
+last one, or any block of the plain build) holds outputs 2m and 2m + 1 in byte m. A slice of whole blocks is packed
+on its own exactly as within the matrix, so a matrix can be moved block-row by block-row."""
+
+
+def packings_known() -> bool:
+    """Whether PACKINGS describes this build's packing: x86-64 outside Windows, and `unpack` reads what `pack`
+    writes here (a matrix with a shorter last block, checked once)."""
+    import platform
+    import sys
+
+    if sys.platform == "win32" or platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability not in PACKINGS:
+        return False
+    q = torch.randint(0, 16, (80, 64), dtype=torch.int32, generator=torch.Generator().manual_seed(0))
+    return torch.equal(unpack(pack(q), 80, 64, capability).int(), q)
 
 
 def unpack(packed: torch.Tensor, n: int, k: int, capability: str) -> torch.Tensor:
@@ -83,7 +100,7 @@ def unpack(packed: torch.Tensor, n: int, k: int, capability: str) -> torch.Tenso
         width = min(block, n - start)
         lines = flat[start * k // 2: (start + width) * k // 2].view(k, width // 2)
         parts.append(torch.stack([lines & 15, lines >> 4], 2).reshape(k, width).t())
-    return torch.cat(parts).contiguous()
+    return parts[0].contiguous() if len(parts) == 1 else torch.cat(parts)
 
 
 def scales_zeros(scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:

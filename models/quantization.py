@@ -1,6 +1,6 @@
-"""Weight-only quantization (W4 / W8 with optimum-quanto), saved once and restored at launch.
+"""Weight-only quantization (W4 / W8 with optimum-quanto); saving and restoring is models.quantized_files.
 
-quanto does the quantizing and owns the on-disk format (state dict + quantization map). For decode speed
+quanto does the quantizing. For decode speed
 each frozen QLinear gets a direct call into torch's packed CPU kernels (`_weight_int4pack_mm_for_cpu`,
 `_weight_int8pack_mm`) that skips quanto's autograd wrapper; with gradients enabled (adapter training)
 the original quanto forward runs. The embedding stays bf16; the LM head is quantized at `head_bits`.

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import logging
+import platform
+import sys
 from pathlib import Path
 
 import torch
@@ -71,7 +73,8 @@ def save_quantized(model: nn.Module, folder: Path, bits: int, head_bits: int | N
                                                  "method": "w4-fpt" if spec is not None else f"w{bits}",
                                                  "format": FORMAT, "torch": torch.__version__,
                                                  "cpu_capability": cpu_capability(), "group_size": group_size,
-                                                 "codes_sha256": getattr(model, "ponder_codes", None)}))
+                                                 "codes_sha256": getattr(model, "ponder_codes", None),
+                                                 "platform": build_platform()}))
     model.config.save_pretrained(folder)
 
 
@@ -100,8 +103,14 @@ def read_weights(path: Path, group: int = 16) -> dict[str, torch.Tensor]:
     return state
 
 
+def build_platform() -> str:
+    """The OS and machine torch packed int4 on: its packing per CPU capability differs between builds."""
+    return f"{sys.platform}-{platform.machine().lower()}"
+
+
 def load_quantized(folder: Path) -> nn.Module:
-    """Rebuild a Qwen2 model on `meta` and adopt the saved tensors as they are: no re-quantizing, no dense copy."""
+    """Rebuild a Qwen2 model on `meta` and adopt the saved tensors: no re-quantizing, no dense copy. int4 codes
+    packed for another CPU capability of this build are moved into this CPU's packing (`repack`)."""
     from optimum.quanto.quantize import _quantize_submodule
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -110,7 +119,9 @@ def load_quantized(folder: Path) -> nn.Module:
     if info.get("format") != FORMAT or info.get("torch") != torch.__version__:
         raise ValueError(f"quantized weights in {folder} were written by another format or torch version")
     packed_for = info.get("cpu_capability")
-    if packed_for != cpu_capability() and not {packed_for, cpu_capability()} <= set(int4_grid.PACKINGS):
+    same_build = info.get("platform", build_platform()) == build_platform()  # records before it: this machine's
+    if not same_build or (packed_for != cpu_capability() and not (
+            packed_for in int4_grid.PACKINGS and int4_grid.packings_known())):
         raise ValueError(f"quantized weights in {folder} were packed for {packed_for!r} kernels, "
                          f"this CPU runs {cpu_capability()!r}")
     config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
@@ -147,11 +158,13 @@ def load_quantized(folder: Path) -> nn.Module:
     return model
 
 
-def repack(state: dict[str, torch.Tensor], packed_for: str, group: int, fingerprint: str | None) -> None:
-    """Move the saved int4 codes from `packed_for`'s packing into this CPU's, in place (seconds, where preparing
-    the weights again takes minutes and may round some differently), and check them against the fingerprint saved
-    with them (W4-FPT's): a prepared model follows the machine's kernels (`ATEN_CPU_CAPABILITY`, a data folder or
-    a virtual machine moved to another CPU) with the same numbers."""
+def repack(state: dict[str, torch.Tensor], packed_for: str, group: int, fingerprint: str | None,
+           rows: int = 4096) -> None:
+    """Move the saved int4 codes from `packed_for`'s packing into this CPU's, in place and `rows` outputs at a time
+    (a few MB of codes alive at once), and check them against the fingerprint saved with them (W4-FPT's). Seconds at
+    each load (5.6 s for the 0.5B, 10 s for the 1.5B), where preparing again would take minutes once and round some
+    weights differently: a prepared model follows the machine's kernels (`ATEN_CPU_CAPABILITY`, a data folder or a
+    virtual machine moved to another CPU) with the same numbers."""
     import hashlib
 
     from .gptq import add_to_fingerprint
@@ -160,9 +173,19 @@ def repack(state: dict[str, torch.Tensor], packed_for: str, group: int, fingerpr
     for key in sorted(k for k in state if k.endswith(PACKED_DATA)):  # name order, as the fingerprint reads them
         name = key[: -len(".weight" + PACKED_DATA)]
         scale_shift = state[name + ".weight" + PACKED_SCALES]
-        codes = int4_grid.unpack(state[key], scale_shift.shape[1], scale_shift.shape[0] * group, packed_for)
-        state[key] = int4_grid.pack(codes)
-        add_to_fingerprint(digest, name, codes, scale_shift[..., 0].t(), scale_shift[..., 1].t())
+        n, k = scale_shift.shape[1], scale_shift.shape[0] * group
+        source, out = state[key].reshape(-1), torch.empty_like(state[key])
+        flat = out.view(-1)
+
+        def slices(source=source, flat=flat, n=n, k=k):
+            for start in range(0, n, rows):  # rows: a multiple of every packing's block
+                end = min(n, start + rows)
+                codes = int4_grid.unpack(source[start * k // 2: end * k // 2], end - start, k, packed_for)
+                flat[start * k // 2: end * k // 2] = int4_grid.pack(codes).view(-1)
+                yield codes
+
+        add_to_fingerprint(digest, name, slices(), scale_shift[..., 0].t(), scale_shift[..., 1].t())
+        state[key] = out
     if fingerprint is not None and digest.hexdigest() != fingerprint:
         raise ValueError(f"int4 codes read from the {packed_for} packing differ from the ones saved")
 

@@ -99,7 +99,7 @@ def test_dense_copy_computes_what_the_quantized_model_computes():
     assert torch.allclose(logits_of(dense, ids), before, atol=0.05, rtol=0.02)
 
 
-def test_weights_packed_for_other_cpu_kernels_are_repacked(tiny_store):
+def test_weights_packed_for_kernels_whose_packing_is_unknown_are_requantized(tiny_store):
     """int4 weights packed for kernels whose packing Ponder cannot read (an ARM build's, say) would compute garbage:
     such a cache is re-quantized, not trusted."""
     import json
@@ -157,8 +157,8 @@ def test_weights_packed_for_another_known_packing_are_converted_not_requantized(
     from models.quantization import dense_weight
 
     here = torch.backends.cpu.get_cpu_capability()
-    if here not in int4_grid.PACKINGS:
-        pytest.skip(f"torch packs int4 for {here}, a packing Ponder does not read")
+    if here not in ("AVX512", "AVX2") or not int4_grid.packings_known():
+        pytest.skip(f"needs a build whose packings Ponder reads and a capability above another ({here})")
     other = "avx2" if here == "AVX512" else "default"
     env = dict(os.environ, ATEN_CPU_CAPABILITY=other)
     run = subprocess.run([sys.executable, "-c", CHILD_SAVE, str(tmp_path)], env=env, capture_output=True, text=True,
@@ -174,6 +174,33 @@ def test_weights_packed_for_another_known_packing_are_converted_not_requantized(
     (tmp_path / "ponder_quant.json").write_text(json.dumps({**info, "codes_sha256": "0" * 64}))
     with pytest.raises(ValueError, match="differ from the ones saved"):
         load_quantized(tmp_path)
+
+
+@pytest.mark.parametrize("n", [16, 48, 80, 128, 208, 1152])
+def test_unpack_reads_what_torch_packs_here_shorter_last_blocks_too(n):
+    from models import int4_grid
+
+    if not int4_grid.packings_known():
+        pytest.skip("torch's int4 packing in this build is not the one Ponder reads")
+    q = torch.randint(0, 16, (n, 256), dtype=torch.int32, generator=torch.Generator().manual_seed(n))
+    packed = int4_grid.pack(q)
+    assert torch.equal(int4_grid.unpack(packed, n, 256, torch.backends.cpu.get_cpu_capability()).int(), q)
+
+
+def test_repack_checks_the_fingerprint_gptq_saved():
+    """The codes read back are fingerprinted exactly as W4-FPT's GPTQ fingerprinted them, row slices or not."""
+    from models.fpt_calibration import quantize_w4_fpt
+    from models.quantized_files import PACKED_DATA, cpu_capability, packed_state_dict, repack
+
+    model = make_model(448, hidden_size=256)
+    batches = [torch.randint(5, 440, (n,)) for n in (32, 20)]
+    quantized = quantize_w4_fpt(model, batches, head_bits=4, group=32)
+    state = packed_state_dict(quantized)
+    before = {k: v.clone() for k, v in state.items() if k.endswith(PACKED_DATA)}
+    repack(state, cpu_capability(), 32, quantized.ponder_codes, rows=64)  # this packing to itself, 64 rows a slice
+    assert all(torch.equal(state[k], v) for k, v in before.items())
+    with pytest.raises(ValueError, match="differ"):
+        repack(state, cpu_capability(), 32, "0" * 64)
 
 
 def test_smaller_int4_groups_are_closer_and_survive_save_and_restore(tmp_path):
