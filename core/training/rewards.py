@@ -128,11 +128,16 @@ def swapped(params: list[torch.nn.Parameter], values: list[torch.Tensor]):
 
 
 def policy_update(model, optim, prefix: list[int], samples: list, advantages: list[float], ref: list[torch.Tensor],
-                  *, clip: float, kl: float, temperature: float, updates: int = 1, tis_cap: float = 2.0) -> dict:
+                  *, clip: float, kl: float, temperature: float, updates: int = 1, tis_cap: float = 2.0,
+                  scale: float = 1.0, apply: bool = True) -> dict:
     """`updates` clipped-GRPO optimizer steps on one group of samples (`.ids`, `.sampled`, and `.logprobs`, the
     rollout engine's, or None), one row's forward/backward at a time; `ref` holds the reference values of the
     trainable tensors. With rollout log-probs each token is weighted by `tis_weights(old, rollout, tis_cap)`;
-    the stats report the mismatch (mean |old − rollout| over sampled tokens) and the share of capped weights."""
+    the stats report the mismatch (mean |old − rollout| over sampled tokens) and the share of capped weights.
+    Several questions' groups in one step: each adds its gradient times `scale` with `apply=False` (one update
+    only), and `apply_update` then takes the step."""
+    if not apply and updates != 1:
+        raise ValueError("groups accumulated into one step take one update each")
     params = [p for p in model.parameters() if p.requires_grad]
     cache = prefix_cache(model, prefix)
     rows = [(s, a) for s, a in zip(samples, advantages, strict=True) if len(s.ids) >= 2]
@@ -161,14 +166,20 @@ def policy_update(model, optim, prefix: list[int], samples: list, advantages: li
             ref_i = refs[i] if refs[i] is not None else new.detach()
             w = weights[i][None] if weights[i] is not None else None
             loss = grpo_loss(new[None], old[i][None], ref_i[None], torch.tensor([a]), masks[i][None], clip, kl,
-                             tokens=tokens, weights=w)
+                             tokens=tokens, weights=w) * scale
             loss.backward()
             total += loss.item()
             kl_sum += float((k3_kl(new.detach(), ref_i) * masks[i]).sum())
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optim.step()
-        optim.zero_grad(set_to_none=True)
+        if apply:
+            apply_update(params, optim)
         if k == 0:
             stats = {"loss": total, "kl": kl_sum / tokens, "mismatch": round(gap / tokens, 5),
                      "tis_capped": round(capped / tokens, 5)}
     return stats
+
+
+def apply_update(params: list[torch.Tensor], optim: torch.optim.Optimizer) -> None:
+    """One optimizer step on the gradients summed so far (norm clipped to 1), then cleared."""
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    optim.step()
+    optim.zero_grad(set_to_none=True)

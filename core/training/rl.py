@@ -62,7 +62,7 @@ from core.prompting.prompts import reasoning_system
 from core.reasoning.voting import is_correct
 from core.storage.model_store import ModelStore
 from core.training.checkpoint import RunDir, load_checkpoint, save_checkpoint
-from core.training.rewards import group_advantages, policy_update, reward
+from core.training.rewards import apply_update, group_advantages, policy_update, reward
 from core.training.rl_plots import write_curves
 from core.training.sft import lr_at
 from models.convert import AtomicDir
@@ -85,6 +85,9 @@ class RlArgs:
     """Soft-barrier half window m: reward falls from 1 at (1−m)·B to 0 at (1+m)·B."""
     group: int = 8
     """Rollouts per question (G), from one shared prefill."""
+    questions: int = 1
+    """Questions per optimizer step (GRPO's batch of prompts): each question's G rollouts get their own group
+    advantages, and the groups' gradients are averaged into one update (one question a step is a noisy step)."""
     steps: int = 50
     lr: float = 2e-5
     warmup_ratio: float = 0.05
@@ -265,6 +268,24 @@ def setup(args: RlArgs, store: ModelStore | None = None):
 
 
 
+def step_update(model, optim, groups: list[tuple], ref: list[torch.Tensor], args: RlArgs) -> dict:
+    """The step's update from its groups (budget, prefix, samples, advantages): one question as before (its own
+    `updates`), or several averaged into one optimizer step. Groups of equal rewards carry no signal and add
+    nothing; with none left there is no update."""
+    live = [g for g in groups if any(g[3])]
+    if not live:
+        return {"loss": 0.0, "kl": None, "skipped": True}
+    kw = {"clip": args.clip, "kl": args.kl, "temperature": args.temperature, "tis_cap": args.tis_cap}
+    if len(groups) == 1:
+        return {**policy_update(model, optim, *live[0][1:], ref, updates=args.updates, **kw), "skipped": False}
+    parts = [policy_update(model, optim, prefix, samples, adv, ref, scale=1 / len(groups), apply=False, **kw)
+             for _, prefix, samples, adv in live]
+    apply_update([p for p in model.parameters() if p.requires_grad], optim)
+    mean = lambda key: sum(p[key] for p in parts if p.get(key) is not None) / len(parts)  # noqa: E731
+    return {"loss": sum(p["loss"] for p in parts), "kl": mean("kl"), "mismatch": mean("mismatch"),
+            "tis_capped": mean("tis_capped"), "skipped": False, "groups_updated": len(live)}
+
+
 def step_entry(step: int, budget: int, samples: list[Sample], stats: dict, lr: float, skipped: bool,
                times: tuple[float, float, float]) -> dict:
     """One step's log line; `times` = (start, rollouts done, CPU time at start) for wall and CPU seconds."""
@@ -274,6 +295,7 @@ def step_entry(step: int, budget: int, samples: list[Sample], stats: dict, lr: f
             "accuracy": sum(s.correct for s in samples) / n, "cut_share": sum(s.budget_hit for s in samples) / n,
             "kl": stats["kl"], "loss": round(stats["loss"], 6), "mismatch": stats.get("mismatch"),
             "tis_capped": stats.get("tis_capped"), "lr": lr, "skipped": skipped,
+            **({"groups_updated": stats["groups_updated"]} if "groups_updated" in stats else {}),
             "seconds": round(time.perf_counter() - times[0], 2), "rollout_s": round(times[1] - times[0], 2),
             "cpu_s": round(time.process_time() - times[2], 2)}
 
@@ -312,28 +334,29 @@ def run(args: RlArgs, rd: RunDir, *, store: ModelStore | None = None, resume: bo
     while step < args.steps and not rd.should_stop():
         step += 1
         t0, cpu0 = time.perf_counter(), time.process_time()
-        rng = random.Random(f"{args.seed}:{step}")  # the step's question and budget, the same after a resume
-        question, gold = rng.choice(problems)
-        budget = rng.choice(args.budgets)
-        prefix, samples = rollout(rollout_engine(engine), question, budget, args, seed=args.seed * 1_000_003 + step)
-        t1 = time.perf_counter()
-        score(samples, gold, budget, args)
-        adv = group_advantages([s.reward for s in samples])
+        rng = random.Random(f"{args.seed}:{step}")  # the step's questions and budgets, the same after a resume
         lr = lr_at(step - 1, args.steps, args.lr, args.warmup_ratio)
         for group in optim.param_groups:
             group["lr"] = lr
-        skipped = not any(adv)  # equal rewards: no signal, no update
-        stats = {"loss": 0.0, "kl": None} if skipped else policy_update(
-            model, optim, prefix, samples, adv, ref, clip=args.clip, kl=args.kl, temperature=args.temperature,
-            updates=args.updates, tis_cap=args.tis_cap)
-        entry = step_entry(step, budget, samples, stats, lr, skipped, (t0, t1, cpu0))
+        groups = []
+        for q in range(args.questions):
+            question, gold = rng.choice(problems)
+            budget = rng.choice(args.budgets)
+            prefix, samples = rollout(rollout_engine(engine), question, budget, args,
+                                      seed=args.seed * 1_000_003 + step + 7_919 * q)
+            score(samples, gold, budget, args)
+            groups.append((budget, prefix, samples, group_advantages([s.reward for s in samples])))
+        t1 = time.perf_counter()
+        stats = step_update(model, optim, groups, ref, args)
+        samples = [s for g in groups for s in g[2]]
+        entry = step_entry(step, groups[0][0], samples, stats, lr, stats["skipped"], (t0, t1, cpu0))
         log.append(entry)
         spent += entry["seconds"]
         done = step - start
         rd.emit({"event": "rl_progress", "total": args.steps, **entry, "elapsed_s": round(elapsed0 + spent, 1),
                  "eta_s": round((args.steps - step) * spent / done, 1)},
-                f"step {step}/{args.steps} B={budget} reward {entry['reward']:.3f} length {entry['length']:.0f} "
-                f"accuracy {entry['accuracy']:.2f}{' (equal rewards: no update)' if skipped else ''} "
+                f"step {step}/{args.steps} B={entry['budget']} reward {entry['reward']:.3f} length {entry['length']:.0f} "
+                f"accuracy {entry['accuracy']:.2f}{' (equal rewards: no update)' if entry['skipped'] else ''} "
                 f"{entry['seconds']:.1f}s")
         if step < args.steps and step % args.checkpoint_every == 0:
             checkpoint(step)

@@ -15,7 +15,7 @@ from core.training.checkpoint import RunDir
 from core.training.rl import LENGTHS, RlArgs, run
 from models.quantization import PRECISIONS
 
-FLAGS = ("margin", "group", "steps", "lr", "warmup_ratio", "kl", "clip", "updates", "tis_cap", "temperature",
+FLAGS = ("margin", "group", "questions", "steps", "lr", "warmup_ratio", "kl", "clip", "updates", "tis_cap", "temperature",
          "answer_tokens",
          "model_id", "precision", "checkpoint_every", "seed")
 

@@ -22,7 +22,7 @@ from core.training.rewards import (
     tis_weights,
     token_logprobs,
 )
-from core.training.rl import RlArgs, rollout, run
+from core.training.rl import RlArgs, rollout, run, step_update
 from tests.conftest import TINY_ID
 
 GSM = [{"question": f"Tom has {a} apples and buys {b} more. How many apples does he have?",
@@ -192,6 +192,40 @@ def test_update_changes_only_the_lora_and_its_gradient_is_nonzero(engine, tmp_pa
     assert len(fresh.state) == len(optim.state) == len(params)
 
 
+def pushed(model, prefix, samples, advantages, temperature) -> float:
+    """Σ_i A_i · (sample i's summed log-prob over its sampled tokens): what an update is to raise."""
+    with torch.no_grad():
+        start = prefix_cache(model, prefix)
+        return sum(a * float((token_logprobs(model, start, s.ids, temperature)
+                              * torch.tensor(s.sampled[1:], dtype=torch.float32)).sum())
+                   for s, a in zip(samples, advantages, strict=True))
+
+
+def test_several_questions_a_step_make_one_update_that_serves_every_group(engine):
+    """GRPO's batch of prompts (`--questions`): each question's group keeps its own advantages, their gradients are
+    averaged, and the optimizer steps once; groups of equal rewards add nothing, and with none left nothing moves."""
+    model = engine.model
+    args = RlArgs(data=("x",), group=2, answer_tokens=4, lr=1e-2, kl=0.0, questions=2)
+    groups = []
+    for question, seed in (("What is 2+2?", 3), ("What is 3+5?", 4)):
+        prefix, samples = rollout(engine, question, 6, args, seed=seed)
+        assert samples[0].ids != samples[1].ids
+        groups.append((6, prefix, samples, [1.0, -1.0]))
+    params = [p for p in model.parameters() if p.requires_grad]
+    ref = [p.detach().clone() for p in params]
+    optim = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
+    before = [pushed(model, g[1], g[2], g[3], args.temperature) for g in groups]
+    stats = step_update(model, optim, groups, ref, args)
+    assert not stats["skipped"] and stats["groups_updated"] == 2 and math.isfinite(stats["loss"])
+    assert {float(s["step"]) for s in optim.state.values()} == {1.0}  # one optimizer step for both questions
+    after = [pushed(model, g[1], g[2], g[3], args.temperature) for g in groups]
+    assert sum(after) - sum(before) > 2.0
+    frozen = [p.detach().clone() for p in params]
+    dead = [(6, g[1], g[2], [0.0, 0.0]) for g in groups]
+    assert step_update(model, optim, dead, ref, args)["skipped"]
+    assert all(torch.equal(p, f) for p, f in zip(params, frozen, strict=True))
+
+
 @pytest.fixture
 def start_adapter(tmp_path, tiny_hf_dir):
     from core.loading import load_plain
@@ -259,11 +293,12 @@ def test_ponder_train_rl_cli_saves_into_the_adapter_library(tmp_path, tiny_store
     data.write_text("".join(json.dumps(r) + "\n" for r in GSM))
     common = ["train", "rl", "--data", str(data), "--adapter", str(start_adapter), "--group", "2", "--steps", "1",
               "--answer-tokens", "4", "--model-id", TINY_ID, "--precision", "bf16", "--threads", "1", "--json-progress"]
-    assert run_cli(common + ["--budgets", "6", "--name", "tiny-rl"]) == 0
+    assert run_cli(common + ["--budgets", "6", "--questions", "2", "--name", "tiny-rl"]) == 0
     events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [e["event"] for e in events] == ["loaded", "rl_progress", "checkpoint", "saved"]
     card = AdapterLibrary().get(TINY_ID, "tiny-rl")
     assert card.kind == "reasoning" and card.recipe["method"] == "budget-rl" and card.recipe["budgets"] == [6]
+    assert card.recipe["questions"] == 2
     assert events[-1]["folder"] == str(card.folder) and "reward" in card.metrics
     assert run_cli(common + ["--budgets", "six"]) == 2
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["event"] == "error"
