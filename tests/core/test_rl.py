@@ -120,16 +120,17 @@ def test_rollouts_share_one_prefill_and_respect_the_budget(engine):
 
 def test_grpo_raises_the_soft_barrier_reward_over_steps():
     """The whole loop on the tiny model (rollouts from one prefill, the soft-barrier reward with every answer
-    counted right, group advantages, the clipped update with importance weights): the mean reward of a group of 8
+    counted right, group advantages, the clipped update with importance weights): the mean reward of a group of 16
     climbs from ~0.1 to near 1 within 24 steps as the model learns to end its answer early; the same run with the
-    advantages negated learns the opposite."""
+    advantages negated learns the opposite. (With groups of 8 whether it climbs in 24 steps depends on the seed:
+    about half of 8 seeds tried did; with 16, 5 of 5.)"""
     def run_steps(sign: float) -> list[float]:
         torch.manual_seed(0)
         engine = make_reasoning_engine()
         params = [p for p in engine.model.parameters() if p.requires_grad]
         ref = [p.detach().clone() for p in params]
         optim = torch.optim.AdamW(params, lr=1e-2, weight_decay=0.0)
-        args = RlArgs(data=("x",), group=8, answer_tokens=8, kl=0.0)
+        args = RlArgs(data=("x",), group=16, answer_tokens=8, kl=0.0)
         means = []
         for step in range(24):
             prefix, samples = rollout(engine, "What is 17*23?", 12, args, seed=step)

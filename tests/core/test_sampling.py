@@ -89,3 +89,46 @@ def test_pick_logprobs_are_the_sampled_distributions_log_probs():
     greedy = SamplingConfig(temperature=0.0)
     assert pick_logprobs(logits, torch.tensor([0]), greedy).item() == pytest.approx(
         torch.log_softmax(logits, -1)[0, 0].item())
+
+
+def test_the_two_stage_draw_over_a_large_vocabulary_is_the_softmax():
+    """Past one block (1,024 entries) a draw picks a block by its summed weight, then a token in it; the padding
+    behind the last block is never drawn, and a wider call before it leaves nothing behind in the buffer."""
+    torch.manual_seed(1)
+    vocab = 2500  # three blocks, the last one padded
+    logits = torch.full((1, vocab), -30.0)
+    hot = torch.tensor([3, 1023, 1024, 2047, 2499])
+    logits[0, hot] = torch.tensor([1.0, 0.5, 0.0, -0.5, 0.8])
+    cfg = SamplingConfig(temperature=0.8, top_k=0, top_p=1.0, repetition_penalty=1.0)
+    sample_next(torch.randn(3, 4000), cfg, make_generator(0))  # leaves other numbers in the padding's place
+    draws = sample_next(logits.bfloat16().expand(20000, -1), cfg, make_generator(0))
+    assert draws.max().item() < vocab
+    freq = torch.bincount(draws, minlength=vocab).float() / 20000
+    want = torch.softmax(logits[0].bfloat16().float() / 0.8, -1)
+    assert torch.allclose(freq[hot], want[hot], atol=0.015) and freq[hot].sum().item() > 0.99
+
+
+def test_greedy_takes_the_first_of_equal_maxima_in_every_row():
+    logits = torch.zeros(3, 3000)
+    logits[0, [5, 2000]] = 1.0
+    logits[1, [2999]] = 2.0
+    logits[2, [1024, 1025]] = 3.0
+    picks = sample_next(logits, SamplingConfig(temperature=0, repetition_penalty=1.0), None)
+    assert picks.tolist() == [5, 2999, 1024] and picks.dtype == torch.int64
+
+
+def test_the_buffer_made_in_inference_mode_serves_calls_outside_it():
+    cfg = SamplingConfig(temperature=0.7, top_k=0, top_p=1.0, repetition_penalty=1.0)
+    import threading
+
+    def work(out):
+        with torch.inference_mode():
+            out.append(sample_next(torch.randn(2, 3000), cfg, make_generator(0)))
+        out.append(sample_next(torch.randn(2, 3000), cfg, make_generator(0)))  # the same thread's buffer, reused
+        out.append(pick_logprobs(torch.randn(2, 3000), out[-1], cfg))
+
+    out = []
+    worker = threading.Thread(target=work, args=(out,))  # a fresh thread: its buffer is made in inference mode
+    worker.start()
+    worker.join()
+    assert len(out) == 3 and torch.isfinite(out[2]).all()
