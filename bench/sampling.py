@@ -4,7 +4,9 @@ For 1 and 8 rows of bf16 logits: greedy, the chat default (T 0.7, top-k 40, top-
 tokens), RL's unfiltered draw at T 0.7 and the log-prob of the pick that RL and the vote record. `core.decode.sampling`
 is timed beside `reference` (the same computations as plain out-of-place torch ops: `float()`, `argmax`, `softmax`
 + `multinomial` over the whole vocabulary, `logsumexp`, as Ponder drew until 2026-12-06), in one process, each the
-median of 5 rounds of `per_call_s`. Writes bench/results/sampling[_<tag>].{json,md}.
+median of 5 rounds of `per_call_s`. With --decode, the default model's decode speed with each sampler too, alternating
+in one process: one row greedy, 8 parallel answers at the chat default, and 8 at RL's unfiltered T 0.7 (128 tokens
+each, end-of-turn ignored). Writes bench/results/sampling[_<tag>].{json,md}.
 """
 from __future__ import annotations
 
@@ -40,9 +42,45 @@ def reference(logits, cfg: SamplingConfig, generator, seen):
     return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator).squeeze(-1)
 
 
-def reference_logprobs(logits, picks, cfg: SamplingConfig):
-    logits = logits.float() / cfg.temperature
+def reference_logprobs(logits, picks, cfg: SamplingConfig, seen=None):
+    logits = logits.float()
+    if seen is not None:
+        logits = sampling.apply_repetition_penalty(logits, seen, cfg.repetition_penalty)
+    if not cfg.greedy:
+        logits = logits / cfg.temperature
     return logits.gather(1, picks.view(-1, 1)).squeeze(1) - torch.logsumexp(logits, dim=-1)
+
+
+def decode_speeds(model_id: str | None, rounds: int = 3) -> list[dict]:
+    """Decode tok/s of the default model with Ponder's sampler and with `reference`, alternating."""
+    from dataclasses import replace
+
+    from core import engine as engine_module
+    from core.config import EngineConfig
+    from core.decode import rows
+    from core.loading import load_engine
+    from models.registry import DEFAULT_MODEL_ID
+
+    engine = load_engine(EngineConfig(model_id=model_id or DEFAULT_MODEL_ID, prompt_cache_tokens=0))
+    prompt = "Write a Python function that checks whether a number is prime, and explain how it works."
+    greedy = SamplingConfig(temperature=0, repetition_penalty=1.0, max_tokens=128, ignore_eos=True)
+    runs = {"1 row, greedy": lambda: engine.generate(prompt, greedy, mode="base"),
+            "8 rows, chat default": lambda: engine_module.collect(engine.parallel(
+                prompt, replace(SamplingConfig(), max_tokens=128, ignore_eos=True, seed=0), n=8, mode="base")),
+            "8 rows, RL draw": lambda: engine_module.collect(engine.parallel(
+                prompt, replace(CASES["RL draw (T 0.7, unfiltered)"], max_tokens=128, ignore_eos=True, seed=0), n=8,
+                mode="base"))}
+    ours = (rows.sample_next, rows.pick_logprobs)
+    speeds = {(name, which): [] for name in runs for which in ("reference", "ponder")}
+    runs["1 row, greedy"]()  # warm-up
+    for _ in range(rounds):
+        for which, pair in (("reference", (reference, reference_logprobs)), ("ponder", ours)):
+            rows.sample_next, rows.pick_logprobs = pair
+            for name, run in runs.items():
+                speeds[name, which].append(run().stats.decode_tok_s)
+    rows.sample_next, rows.pick_logprobs = ours
+    return [{"case": name, "reference_tok_s": statistics.median(speeds[name, "reference"]),
+             "ponder_tok_s": statistics.median(speeds[name, "ponder"])} for name in runs]
 
 
 def timed(reference_fn, ponder_fn) -> tuple[float, float]:
@@ -71,6 +109,8 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", default="1,8")
     parser.add_argument("--tag", default="")
+    parser.add_argument("--decode", action="store_true", help="also decode tok/s of the default model, A/B")
+    parser.add_argument("--model", default=None, help="model for --decode (default: the embedded one)")
     args = parser.parse_args(argv)
     gen = sampling.make_generator(0)
     results = [r for rows in args.rows.split(",") for r in measure(int(rows), gen)]
@@ -81,8 +121,15 @@ def main(argv=None) -> None:
         r["speedup"] = round(r["reference_us"] / r["ponder_us"], 1)
         md.append(f"| {r['rows']} | {r['case']} | {r['reference_us']:.0f} | {r['ponder_us']:.0f} | "
                   f"{r['speedup']}× |")
-    write_results("sampling" + (f"_{args.tag}" if args.tag else ""),
-                  {"cpu": cpu_name(), "threads": torch.get_num_threads(), "results": results}, md, print_json=False)
+    data = {"cpu": cpu_name(), "threads": torch.get_num_threads(), "results": results}
+    if args.decode:
+        data["decode"] = decode_speeds(args.model)
+        md += ["", f"Decode, 128 tokens, median of 3 alternating rounds ({args.model or 'the embedded model'}, its "
+               "default weights)", "", "| case | plain torch tok/s | Ponder tok/s | speed-up |", "|---|---:|---:|---:|"]
+        for d in data["decode"]:
+            d["speedup"] = round(d["ponder_tok_s"] / d["reference_tok_s"], 2)
+            md.append(f"| {d['case']} | {d['reference_tok_s']:.1f} | {d['ponder_tok_s']:.1f} | {d['speedup']}× |")
+    write_results("sampling" + (f"_{args.tag}" if args.tag else ""), data, md, print_json=False)
 
 
 if __name__ == "__main__":
