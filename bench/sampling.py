@@ -39,7 +39,8 @@ def reference(logits, cfg: SamplingConfig, generator, seen):
     if short is not None:
         values, ids = short
         return ids.gather(1, torch.multinomial(torch.softmax(values, dim=-1), 1, generator=generator)).squeeze(-1)
-    return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator).squeeze(-1)
+    probs = torch.softmax(sampling.filter_top_k_top_p(logits, cfg.top_k, cfg.top_p), dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
 def reference_logprobs(logits, picks, cfg: SamplingConfig, seen=None):

@@ -28,8 +28,9 @@ def _block(vocab: int) -> int:
 
 
 def _scratch(logits: torch.Tensor) -> torch.Tensor:
-    """A float32 copy of logits (B, V) in this thread's buffer, zero-padded to whole blocks behind column V (the
-    view returned has V columns). Valid until the next call on this thread."""
+    """A float32 CPU copy of logits (B, V), without gradient, in this thread's buffer, zero-padded to whole blocks
+    behind column V (the view returned has V columns). Valid until the next call on this thread; the joint
+    decoder's greenlets share their thread's buffer, which is safe as no call here yields to another."""
     rows, vocab = logits.shape
     width = -(-vocab // _block(vocab)) * _block(vocab)
     buf = getattr(_SCRATCH, "buf", None)
@@ -41,7 +42,7 @@ def _scratch(logits: torch.Tensor) -> torch.Tensor:
     full = buf[:rows * width].view(rows, width)
     full[:, vocab:].zero_()
     out = full[:, :vocab]
-    out.copy_(logits)
+    out.copy_(logits.detach())
     return out
 
 

@@ -1,3 +1,5 @@
+import threading
+
 import pytest
 import torch
 
@@ -93,19 +95,42 @@ def test_pick_logprobs_are_the_sampled_distributions_log_probs():
 
 def test_the_two_stage_draw_over_a_large_vocabulary_is_the_softmax():
     """Past one block (1,024 entries) a draw picks a block by its summed weight, then a token in it; the padding
-    behind the last block is never drawn, and a wider call before it leaves nothing behind in the buffer."""
-    torch.manual_seed(1)
+    behind the last block is never drawn, even in the thread's kept buffer after a wider call left numbers there."""
     vocab = 2500  # three blocks, the last one padded
     logits = torch.full((1, vocab), -30.0)
     hot = torch.tensor([3, 1023, 1024, 2047, 2499])
     logits[0, hot] = torch.tensor([1.0, 0.5, 0.0, -0.5, 0.8])
     cfg = SamplingConfig(temperature=0.8, top_k=0, top_p=1.0, repetition_penalty=1.0)
-    sample_next(torch.randn(3, 4000), cfg, make_generator(0))  # leaves other numbers in the padding's place
-    draws = sample_next(logits.bfloat16().expand(20000, -1), cfg, make_generator(0))
+    gen = make_generator(0)
+    sample_next(torch.full((8, 4000), 5.0), cfg, gen)  # the kept buffer now holds weights where the padding goes
+    draws = torch.cat([sample_next(logits.bfloat16().expand(100, -1), cfg, gen) for _ in range(200)])
     assert draws.max().item() < vocab
-    freq = torch.bincount(draws, minlength=vocab).float() / 20000
+    freq = torch.bincount(draws, minlength=vocab).float() / len(draws)
     want = torch.softmax(logits[0].bfloat16().float() / 0.8, -1)
     assert torch.allclose(freq[hot], want[hot], atol=0.015) and freq[hot].sum().item() > 0.99
+
+
+def test_pick_logprobs_past_one_block_and_inputs_left_alone():
+    torch.manual_seed(3)
+    logits = torch.randn(3, 3000) * 2
+    kept = logits.clone()
+    seen = torch.randint(0, 3000, (3, 50))
+    cfg = SamplingConfig(temperature=0.7, top_k=0, top_p=1.0, repetition_penalty=1.2)
+    picks = sample_next(logits, cfg, make_generator(0), seen)
+    lp = pick_logprobs(logits, picks, cfg, seen)
+    want = torch.log_softmax(apply_repetition_penalty(kept, seen, 1.2) / 0.7, -1).gather(1, picks[:, None])[:, 0]
+    assert torch.allclose(lp, want, atol=1e-5)
+    assert torch.equal(logits, kept)  # the caller's logits are read, never written
+    wide = SamplingConfig(temperature=0.7, top_k=5000, top_p=1.0, repetition_penalty=1.0)  # top-k past V: no filter
+    assert sample_next(logits, wide, make_generator(0)).tolist() == sample_next(
+        logits, SamplingConfig(temperature=0.7, top_k=0, top_p=1.0, repetition_penalty=1.0), make_generator(0)).tolist()
+
+
+def test_logits_with_gradient_leave_the_buffer_usable():
+    logits = (torch.randn(2, 3000) * 2).requires_grad_()
+    greedy = SamplingConfig(temperature=0, repetition_penalty=1.0)
+    pick_logprobs(logits * 1.0, torch.tensor([0, 1]), SamplingConfig())
+    assert sample_next(logits * 1.0, greedy, None).tolist() == logits.detach().argmax(-1).tolist()
 
 
 def test_greedy_takes_the_first_of_equal_maxima_in_every_row():
@@ -119,16 +144,20 @@ def test_greedy_takes_the_first_of_equal_maxima_in_every_row():
 
 def test_the_buffer_made_in_inference_mode_serves_calls_outside_it():
     cfg = SamplingConfig(temperature=0.7, top_k=0, top_p=1.0, repetition_penalty=1.0)
-    import threading
 
-    def work(out):
-        with torch.inference_mode():
-            out.append(sample_next(torch.randn(2, 3000), cfg, make_generator(0)))
-        out.append(sample_next(torch.randn(2, 3000), cfg, make_generator(0)))  # the same thread's buffer, reused
-        out.append(pick_logprobs(torch.randn(2, 3000), out[-1], cfg))
+    def work(out, errors):
+        try:
+            with torch.inference_mode():
+                out.append(sample_next(torch.randn(2, 3000), cfg, make_generator(0)))
+            out.append(sample_next(torch.randn(2, 3000), cfg, make_generator(0)))  # the same thread's buffer
+            out.append(pick_logprobs(torch.randn(2, 3000), out[-1], cfg))
+        except Exception as exc:  # raised again below, where pytest shows it
+            errors.append(exc)
 
-    out = []
-    worker = threading.Thread(target=work, args=(out,))  # a fresh thread: its buffer is made in inference mode
+    out, errors = [], []
+    worker = threading.Thread(target=work, args=(out, errors))  # a fresh thread: its buffer is made in inference mode
     worker.start()
     worker.join()
+    if errors:
+        raise errors[0]
     assert len(out) == 3 and torch.isfinite(out[2]).all()
