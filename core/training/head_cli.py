@@ -93,10 +93,17 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def candidates_path(cache: Path) -> Path:
+    """The candidates' JSONL beside a verifier features cache."""
+    return cache.with_name(cache.name + ".candidates.jsonl")
+
+
 def collect_verifier_data(engine, items, args, say) -> dict:
     """Sample (or reload) the verifier's training candidates. With --features-cache the collection is saved every
     8 questions (safetensors, written atomically) and a rerun continues where it stopped; a finished cache is
-    reused as it is. Caches from before the log-prob features hold no extras (the combiner is then skipped)."""
+    reused as it is. Caches from before the log-prob features hold no extras (the combiner is then skipped).
+    Beside the cache, `<cache>.candidates.jsonl` keeps every candidate's text, lengths and correctness (for
+    rejection-sampling fine-tuning and length studies), cut back to the saved questions when a run continues."""
     import os
 
     import torch
@@ -128,6 +135,16 @@ def collect_verifier_data(engine, items, args, say) -> dict:
         start = {**saved, "done": done}
         say(f"features: continuing {path} after {done} questions")
     started = time.monotonic()
+    record = None
+    if path is not None:
+        sidecar = candidates_path(path)
+        kept = [line for line in (sidecar.read_text(encoding="utf-8").splitlines() if sidecar.is_file() else [])
+                if line.strip() and start is not None and json.loads(line)["question_index"] < start["done"]]
+        sidecar.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+
+        def record(k, item, rows) -> None:
+            with sidecar.open("a", encoding="utf-8") as f:
+                f.write("".join(json.dumps(r) + "\n" for r in rows))
 
     def save(state: dict) -> None:
         if path is None:
@@ -140,5 +157,5 @@ def collect_verifier_data(engine, items, args, say) -> dict:
         os.replace(tmp, path)
 
     data = verifier_data(engine, items, samples=args.samples, budget=args.budget, seed=args.seed, report=say,
-                         start=start, save=save)
+                         start=start, save=save, record=record)
     return {**data, "seconds": (spent or 0.0) + time.monotonic() - started}

@@ -135,13 +135,14 @@ SAMPLING_TEMPERATURE, SAMPLING_TOP_P = 0.7, 0.95
 
 def verifier_data(engine, items: list[Item], *, samples: int = 4, budget: int = 256, answer_max_tokens: int = 128,
                   temperature: float = SAMPLING_TEMPERATURE, seed: int = 0, report=print, start: dict | None = None,
-                  save=None, save_every: int = 8):
+                  save=None, save_every: int = 8, record=None):
     """Sample `samples` reasoning answers per question; label each by math-verify against the gold answer.
 
     Returns a dict: x (N, H) hidden states, y (N,) labels, groups (N,) question index, extras (N, 3) (the
     candidate's mean and lowest-window token log-prob, its vote share among the question's samples) and done (the
     questions behind them). `start`, such a dict, resumes after its `done` questions; `save(state)` gets it every
-    `save_every` questions and at the end, so a long collection survives being stopped."""
+    `save_every` questions and at the end, so a long collection survives being stopped. `record(k, item, rows)`
+    gets each question's candidates as JSON rows (text, thinking, lengths, correctness, confidences, vote share)."""
     capture, saved = _Capture(), engine.verifier
     engine.verifier = capture
     feats, labels, groups, extras, done = [], [], [], [], 0
@@ -166,11 +167,19 @@ def verifier_data(engine, items: list[Item], *, samples: int = 4, budget: int = 
                 answer = getattr(event, "answer", answer)
             kept = [c for c in answer.candidates if c.score is not None]
             shares = vote_shares([c.final_answer for c in kept])
+            rows = []
             for c, share in zip(kept, shares, strict=True):
                 feats.append(original_basis(engine.model, capture.rows[int(c.score)][None])[0])
                 labels.append(1.0 if is_correct(c.text, item.gold) else 0.0)
                 groups.append(k)
                 extras.append([c.logprob_mean, c.logprob_lowest, share])
+                rows.append({"question_index": k, "question": item.prompt, "gold": item.gold, "sample": c.index,
+                             "text": c.text, "thinking": c.thinking, "final_answer": c.final_answer,
+                             "correct": bool(labels[-1]), "thinking_tokens": c.thinking_tokens,
+                             "answer_tokens": c.answer_tokens, "budget_forced": c.budget_forced,
+                             "logprob_mean": c.logprob_mean, "logprob_lowest": c.logprob_lowest, "vote_share": share})
+            if record is not None:
+                record(k, item, rows)
             report(f"{k + 1}/{len(items)} questions, {int(sum(labels))}/{len(labels)} correct so far")
             if save is not None and (k + 1) % save_every == 0:
                 save(state(k + 1))

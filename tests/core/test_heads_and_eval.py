@@ -56,12 +56,9 @@ def test_switcher_trains_saves_and_routes(engine, tmp_path):
         engine.router = None
 
 
-def test_verifier_data_and_training(engine, tmp_path):
-    """The random model is made to answer: sample row 0 writes only the digit 4, row 1 only 5 (a logit bias no CPU's
-    rounding moves), so each answer's label is known: "Final answer: 444" is right for a gold 444 and wrong for
-    555, whatever the question. The labels must come from each candidate's own answer against its own gold."""
-    tok = engine.tokenizer
-    digits = [tok.convert_tokens_to_ids(d) for d in "45"]
+def _answer_444_then_555(engine):
+    """A hook making the random model's sample row 0 write only the digit 4 and row 1 only 5."""
+    digits = [engine.tokenizer.convert_tokens_to_ids(d) for d in "45"]
 
     def says(module, args, logits):
         bias = torch.zeros(logits.shape[0], 1, logits.shape[-1], dtype=logits.dtype)
@@ -69,12 +66,56 @@ def test_verifier_data_and_training(engine, tmp_path):
             bias[row, 0, digits[row % 2]] = 1000.0
         return logits + bias
 
+    return engine.model.get_output_embeddings().register_forward_hook(says)
+
+
+def test_verifier_collection_keeps_each_candidate_once_across_a_resume(engine, tmp_path):
+    """`ponder train verifier --features-cache F` writes every candidate to F.candidates.jsonl; a run that continues
+    from a cache saved after question 1 drops the rows written after that save and samples question 2 again."""
+    from argparse import Namespace
+
+    from safetensors.torch import load_file, save_file
+
+    from core.training.head_cli import candidates_path, collect_verifier_data
+
+    data = tmp_path / "q.jsonl"
+    data.write_text('{"question": "What is 2+2?", "answer": "#### 444"}\n{"question": "What is 3+3?", "answer": "#### 555"}\n')
     items = [Item("What is 2+2?", "444", "gsm8k"), Item("What is 3+3?", "555", "gsm8k")]
-    hook = engine.model.get_output_embeddings().register_forward_hook(says)
-    saves = []
+    cache = tmp_path / "features.safetensors"
+    args = Namespace(data=[str(data)], questions=2, offset=0, samples=2, budget=4, seed=0, features_cache=cache)
+    hook = _answer_444_then_555(engine)
+    try:
+        whole = collect_verifier_data(engine, items, args, lambda m: None)
+        first_rows = [json.loads(r) for r in candidates_path(cache).read_text().splitlines()]
+        assert [r["question_index"] for r in first_rows] == [0, 0, 1, 1]
+        assert [r["correct"] for r in first_rows] == [bool(v) for v in whole["y"]]
+        # as a stop after the first question's save leaves it: the cache holds question 1, the file both
+        saved = load_file(str(cache))
+        from safetensors import safe_open
+
+        with safe_open(str(cache), "pt") as f:
+            meta = f.metadata()
+        first = {k: saved[k][:2] for k in ("x", "y", "groups", "extras")}
+        save_file({**first, "done": torch.tensor([1]), "seconds": saved["seconds"]}, str(cache), metadata=meta)
+        again = collect_verifier_data(engine, items, args, lambda m: None)
+    finally:
+        hook.remove()
+    rows = [json.loads(r) for r in candidates_path(cache).read_text().splitlines()]
+    assert [r["question_index"] for r in rows] == [0, 0, 1, 1]  # question 2 once, sampled again
+    assert rows[:2] == first_rows[:2] and [r["text"] for r in rows[2:]] == [r["text"] for r in first_rows[2:]]
+    assert torch.equal(again["y"], whole["y"]) and [r["correct"] for r in rows] == [bool(v) for v in again["y"]]
+
+
+def test_verifier_data_and_training(engine, tmp_path):
+    """The random model is made to answer: sample row 0 writes only the digit 4, row 1 only 5 (a logit bias no CPU's
+    rounding moves), so each answer's label is known: "Final answer: 444" is right for a gold 444 and wrong for
+    555, whatever the question. The labels must come from each candidate's own answer against its own gold."""
+    items = [Item("What is 2+2?", "444", "gsm8k"), Item("What is 3+3?", "555", "gsm8k")]
+    hook = _answer_444_then_555(engine)
+    saves, recorded = [], []
     quiet = dict(samples=2, budget=4, answer_max_tokens=3, report=lambda m: None)
     try:
-        whole = verifier_data(engine, items, **quiet)
+        whole = verifier_data(engine, items, record=lambda k, item, rows: recorded.extend(rows), **quiet)
         first = verifier_data(engine, items[:1], save=saves.append, save_every=1, **quiet)
         # resumed from the saved state: the first question is not sampled again, the second as in one run
         data = verifier_data(engine, items, start=saves[-1], **quiet)
@@ -89,6 +130,11 @@ def test_verifier_data_and_training(engine, tmp_path):
     # each question's two answers differ (444 / 555): a vote share of one half each; log-probs of sampled tokens
     assert extras[:, 2].tolist() == [0.5] * 4 and bool((extras[:, :2] <= 0).all())
     assert y.tolist() == [1.0, 0.0, 0.0, 1.0]  # 444 right then 555 wrong; 444 wrong then 555 right
+    # each candidate's record agrees with its label, vote share and question
+    assert [(r["question_index"], r["correct"], r["gold"]) for r in recorded] == [
+        (0, True, "444"), (0, False, "444"), (1, False, "555"), (1, True, "555")]
+    assert [r["final_answer"] for r in recorded] == ["444", "555", "444", "555"]
+    assert all(r["vote_share"] == 0.5 and r["thinking_tokens"] >= 1 and r["text"] for r in recorded)
     assert not torch.equal(x[0], x[1])  # each answer's own hidden state, not one row per question
     metrics = train_verifier(x, y, groups, tmp_path / "v", hidden_size=128, model_id="tiny", precision="bf16",
                              extras=extras)
