@@ -6,7 +6,9 @@ Rows, all int4 at group 128 (LM head too) with a bf16 KV cache, built in this pr
 - `w4 + trained T`: the trained transforms in --trained (scripts.fit_fpt_spec --train), then round to nearest;
 - `w4 + gptq`: GPTQ rounding without transforms;
 - `w4 + grid T + gptq`: the shipped W4-FPT (what `ponder quantize` makes);
-- `w4 + trained T + gptq`: the trained transforms under GPTQ.
+- `w4 + trained T + gptq`: the trained transforms under GPTQ;
+- `w4 LM head only` / `w4 layers only`: round to nearest on the LM head alone or on the decoder layers alone (the
+  rest bf16): which share of W4's KL the head carries, where none of the layer transforms reach.
 Per row: perplexity, top-1 agreement and mean KL against bf16 on `ponder bench quant`'s held text (GSM8K train
 solutions 1000-1039, MATH train 1000-1019, Alpaca 0-39; the transforms and GPTQ see GSM8K/MATH train rows
 3000-3031), and the share of W4's KL gap each closes. `--gsm8k-dev N` also answers the dev split (GSM8K train rows
@@ -35,12 +37,17 @@ from models.fpt import FptSpec, apply_fpt
 from models.fpt_calibration import quantize_w4_fpt
 from models.quantization import quantize_model
 
-ROWS = ("w4", "w4 + grid T", "w4 + trained T", "w4 + gptq", "w4 + grid T + gptq", "w4 + trained T + gptq")
+ROWS = ("w4", "w4 + grid T", "w4 + trained T", "w4 + gptq", "w4 + grid T + gptq", "w4 + trained T + gptq",
+        "w4 LM head only", "w4 layers only")
+PARTS = {"w4 LM head only": (None, 4), "w4 layers only": (4, None)}
+"""Rows rounding one part only: (decoder layers' bits, LM head's bits), None = bf16."""
 
 
 def build(row: str, hf_dir: Path, specs: dict[str, FptSpec | None]):
     """The quantized model of one row, from a fresh bf16 copy of the weights."""
     plain = load_plain(hf_dir, torch.bfloat16)
+    if row in PARTS:
+        return quantize_model(plain, *PARTS[row], 128)
     kind = "trained" if "trained" in row else "grid" if "grid" in row else None
     spec = specs.get(kind) if kind else None
     if "gptq" in row:
@@ -108,7 +115,7 @@ def main(argv=None) -> int:
         t = time.perf_counter()
         model = build(row, installed.hf_dir, specs)
         report["rows"][row] = {**compare(ref, log_probs(model, "bf16", rows), rows),
-                               "seconds": round(time.perf_counter() - t, 1)}
+                               "seconds": round(time.perf_counter() - t, 1), "date": time.strftime("%Y-%m-%d")}
         if args.gsm8k_dev:
             slug = row.replace(" + ", "+").replace(" ", "_")
             report["rows"][row].update(dev_gsm8k(model, tokenizer, installed.id, args.gsm8k_dev,
@@ -127,12 +134,15 @@ def markdown(report: dict) -> str:
     lines = ["| row | ppl | top-1 agreement | mean KL | share of W4's KL gap closed | Fast, GSM8K dev |",
              "|---|---:|---:|---:|---:|---:|"]
     for key, r in rows.items():
-        closed = f"{(base - r['mean_kl_nats']) / base:.0%}" if base else ""
+        closed = "" if not base else (f"({r['mean_kl_nats'] / base:.0%} of W4's KL)" if key in PARTS
+                                      else f"{(base - r['mean_kl_nats']) / base:.0%}")
         dev = f"{r['gsm8k_dev_accuracy']:.1%} (n = {r['gsm8k_dev_n']})" if "gsm8k_dev_accuracy" in r else ""
         lines.append(f"| {key} | {r['perplexity']:.3f} | {r['top1_agreement']:.3f} | {r['mean_kl_nats']:.4f} | "
                      f"{closed} | {dev} |")
     lines.append(f"\n{report['model']}; KL against bf16 on {report['held_text']} "
-                 f"({next(iter(rows.values()))['tokens'] if rows else 0} tokens); {report['cpu']}, {report['date']}.")
+                 f"({next(iter(rows.values()))['tokens'] if rows else 0} tokens); {report['cpu']}, {report['date']}"
+                 + (f" (rows measured on {', '.join(sorted({r['date'] for r in rows.values() if 'date' in r}))};"
+                    " the others earlier)" if any("date" in r for r in rows.values()) else "") + ".")
     return "\n".join(lines) + "\n"
 
 

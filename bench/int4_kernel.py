@@ -1,7 +1,7 @@
 """Ponder's int4 decode kernel (models/_int4.c) against torch's packed kernel, on the 0.5B's and 1.5B's shapes.
 
-Both read the same packed weights (torch's layout). Times one matmul of 1, 2, 4 and 8 rows with the weights
-streamed from memory (copies cycled, 300 MB, as a decode step reads them), checks both against a float64
+Both read the same packed weights (torch's layout). Times one matmul of 1, 2, 4 and 8 rows with the weights and
+their scales streamed from memory (copies cycled, 300 MB, as a decode step reads them), checks both against a float64
 reference, and reports GB/s of packed weights read. Writes bench/results/int4_kernel[_<tag>].{json,md}.
 """
 from __future__ import annotations
@@ -48,10 +48,10 @@ def measure(n: int, k: int, rows: int, stream_mb: int = 300) -> dict:
     mine = int4_kernel.int4_mm(x, packed, GROUP, scales)
     theirs = torch._weight_int4pack_mm_for_cpu(x, packed, GROUP, scales)
     copies = max(1, stream_mb * 2**20 // packed.numel())
-    stream = [packed.clone() for _ in range(copies)]
+    stream = [(packed.clone(), scales.clone()) for _ in range(copies)]  # each matrix its own scales, as in a model
     reps = max(20, min(400, 30 * copies))
-    us_mine = time_us(lambda i: int4_kernel.int4_mm(x, stream[i], GROUP, scales), copies, reps)
-    us_torch = time_us(lambda i: torch._weight_int4pack_mm_for_cpu(x, stream[i], GROUP, scales), copies, reps)
+    us_mine = time_us(lambda i: int4_kernel.int4_mm(x, stream[i][0], GROUP, stream[i][1]), copies, reps)
+    us_torch = time_us(lambda i: torch._weight_int4pack_mm_for_cpu(x, stream[i][0], GROUP, stream[i][1]), copies, reps)
     return {"n": n, "k": k, "rows": rows, "bytes": packed.numel(), "us_ponder": round(us_mine, 1),
             "us_torch": round(us_torch, 1), "speedup": round(us_torch / us_mine, 2),
             "gb_s_ponder": round(packed.numel() / us_mine / 1e3, 1), "gb_s_torch": round(packed.numel() / us_torch / 1e3, 1),

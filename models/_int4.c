@@ -47,7 +47,9 @@
 #include <string.h>
 
 #define MAX_ROWS 16
+#ifndef PREFETCH
 #define PREFETCH 2048
+#endif
 
 #define KERNEL_TARGET __attribute__((target("avx512f,avx512bw,avx512bf16,avx512vbmi")))
 #define F512_TARGET __attribute__((target("avx512f,avx512bw,avx512vbmi,fma")))
@@ -58,6 +60,14 @@
 
 enum { ISA_BF16 = 0, ISA_AVX512 = 1, ISA_AVX2 = 2, ISA_VNNI = 3, ISA_AVXVNNI = 4, ISA_A8 = 5, ISA_AVX2I16 = 6,
        ISA_AVX2A8 = 7, ISA_LAST = ISA_AVX2A8 };
+
+// A group's scales and zero points (`outputs` uint32 at a stride of N per group) are read after its multiply-adds,
+// at a stride no hardware prefetcher follows across many groups: asking for them as the group starts hides the miss.
+static inline __attribute__((always_inline)) void prefetch_scales(const uint32_t* sz, const int outputs) {
+    const char* at = (const char*)sz;
+    for (int b = 0; b < outputs * 4; b += 64) _mm_prefetch(at + b, _MM_HINT_T0);
+    _mm_prefetch(at + outputs * 4 - 1, _MM_HINT_T0);
+}
 
 // Up to 4 rows per pass over a block: 4 rows x 4 output quarters accumulators.
 KERNEL_TARGET static inline __attribute__((always_inline)) void block_rows(const uint8_t* blk, const uint32_t* scales32,
@@ -76,6 +86,7 @@ KERNEL_TARGET static inline __attribute__((always_inline)) void block_rows(const
         for (int q = 0; q < 4; q++) out[r][q] = _mm512_setzero_ps();
     const uint8_t* line = blk;
     for (int g = 0; g < groups; g++) {
+        prefetch_scales(scales32 + (size_t)g * N + n0, 64);
         __m512 acc[4][4];
         for (int r = 0; r < rows; r++)
             for (int q = 0; q < 4; q++) acc[r][q] = _mm512_setzero_ps();
@@ -173,6 +184,7 @@ F512_TARGET static inline __attribute__((always_inline)) void block_rows_f512(co
     for (int i = 0; i < rows * 64; i++) out[i] = 0.0f;
     const uint8_t* line = blk;
     for (int g = 0; g < groups; g++) {
+        prefetch_scales(scales32 + (size_t)g * N + n0, 64);
         __m512 acc[4][4];
         for (int r = 0; r < rows; r++)
             for (int q = 0; q < 4; q++) acc[r][q] = _mm512_setzero_ps();
@@ -217,6 +229,7 @@ AVX2_TARGET static inline __attribute__((always_inline)) void block_rows_avx2(co
     for (int i = 0; i < rows * 32; i++) out[i] = 0.0f;
     const uint8_t* line = blk;
     for (int g = 0; g < groups; g++) {
+        prefetch_scales(scales32 + (size_t)g * N + n0, 32);
         __m256 acc[2][4];
         for (int r = 0; r < rows; r++)
             for (int q = 0; q < 4; q++) acc[r][q] = _mm256_setzero_ps();
@@ -268,6 +281,7 @@ VNNI_TARGET static inline __attribute__((always_inline)) void block_rows_vnni(co
     for (int i = 0; i < rows * 64; i++) out[i] = 0.0f;
     const uint8_t* line = blk;
     for (int g = 0; g < groups; g++) {
+        prefetch_scales(scales32 + (size_t)g * N + n0, 64);
         // integer sums are exact in any order, so one or two rows split each sum over two accumulator sets
         // (even and odd lines) to hide vpdpwssd's latency, and every row still gets the same result
         const int sets = rows <= 2 ? 2 : 1;
@@ -312,6 +326,7 @@ VNNI_TARGET static inline __attribute__((always_inline)) void block_rows_a8(cons
     for (int i = 0; i < rows * 64; i++) out[i] = 0.0f;
     const uint8_t* line = blk;
     for (int g = 0; g < groups; g++) {
+        prefetch_scales(scales32 + (size_t)g * N + n0, 64);
         __m512i acc[4][4];
         for (int r = 0; r < rows; r++)
             for (int q = 0; q < 4; q++) acc[r][q] = _mm512_setzero_si512();
@@ -381,6 +396,7 @@ TARGET static inline __attribute__((always_inline)) void block_rows_##NAME(const
     for (int i = 0; i < rows * 32; i++) out[i] = 0.0f;                                                                     \
     const uint8_t* line = blk;  /* two inputs a step: 32 bytes, input k's 16 then input k + 1's */                         \
     for (int g = 0; g < groups; g++) {                                                                                     \
+        prefetch_scales(scales32 + (size_t)g * N + n0, 32);                                                                \
         const int sets = rows == 1 ? 2 : 1;  /* exact integer sums: splitting one row's changes nothing */                 \
         __m256i acc[2][2][4];                                                                                              \
         for (int t = 0; t < sets; t++)                                                                                     \
@@ -468,6 +484,7 @@ AVX2_TARGET static inline __attribute__((always_inline)) void block_rows_avx2a8(
     for (int i = 0; i < rows * 32; i++) out[i] = 0.0f;
     const uint8_t* line = blk;
     for (int g = 0; g < groups; g++) {
+        prefetch_scales(scales32 + (size_t)g * N + n0, 32);
         for (int i = 0; i < rows * 32; i++) facc[i] = 0.0f;
         for (int b = g * group / 32; b < (g + 1) * group / 32; b++) {
             __m256i acc[2][4];
