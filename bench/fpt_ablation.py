@@ -1,6 +1,7 @@
 """What each part of W4-FPT does: `python -m bench.fpt_ablation [--model ID] [--trained DIR]`.
 
-Rows, all int4 at group 128 (LM head too) with a bf16 KV cache, built in this process from the bf16 weights:
+Rows, int4 at group 128 (LM head too, except in the two part rows) with a bf16 KV cache, built in this process
+from the bf16 weights:
 - `w4`: round to nearest on the min-max grid (the plain W4 row of `ponder bench quant`);
 - `w4 + grid T`: the shipped grid-searched transforms (resources/fpt/<model>), then round to nearest;
 - `w4 + trained T`: the trained transforms in --trained (scripts.fit_fpt_spec --train), then round to nearest;
@@ -102,6 +103,8 @@ def main(argv=None) -> int:
     report = json.loads(path.read_text()) if path.is_file() else {"rows": {}}
     if args.trained and report.get("trained_spec") not in (None, str(args.trained)):  # rows of another spec go
         report["rows"] = {k: v for k, v in report["rows"].items() if "trained" not in k}
+    for earlier in report["rows"].values():  # rows kept from an earlier run keep that run's date
+        earlier.setdefault("date", str(report.get("date", ""))[:10])
     report.update({"model": installed.id, "cpu": cpu_name(), "date": time.strftime("%Y-%m-%d %H:%M"),
                    "held_text": "GSM8K train 1000-1039, MATH train 1000-1019 solutions, Alpaca 0-39 outputs",
                    "trained_spec": str(args.trained) if args.trained else report.get("trained_spec")})
@@ -134,15 +137,15 @@ def markdown(report: dict) -> str:
     lines = ["| row | ppl | top-1 agreement | mean KL | share of W4's KL gap closed | Fast, GSM8K dev |",
              "|---|---:|---:|---:|---:|---:|"]
     for key, r in rows.items():
-        closed = "" if not base else (f"({r['mean_kl_nats'] / base:.0%} of W4's KL)" if key in PARTS
+        closed = "" if not base else (f"(alone: {r['mean_kl_nats'] / base:.0%} of W4's KL)" if key in PARTS
                                       else f"{(base - r['mean_kl_nats']) / base:.0%}")
         dev = f"{r['gsm8k_dev_accuracy']:.1%} (n = {r['gsm8k_dev_n']})" if "gsm8k_dev_accuracy" in r else ""
         lines.append(f"| {key} | {r['perplexity']:.3f} | {r['top1_agreement']:.3f} | {r['mean_kl_nats']:.4f} | "
                      f"{closed} | {dev} |")
     lines.append(f"\n{report['model']}; KL against bf16 on {report['held_text']} "
-                 f"({next(iter(rows.values()))['tokens'] if rows else 0} tokens); {report['cpu']}, {report['date']}"
-                 + (f" (rows measured on {', '.join(sorted({r['date'] for r in rows.values() if 'date' in r}))};"
-                    " the others earlier)" if any("date" in r for r in rows.values()) else "") + ".")
+                 f"({next(iter(rows.values()))['tokens'] if rows else 0} tokens); {report['cpu']}; rows measured "
+                 + "; ".join(f"{day}: {', '.join(k for k, r in rows.items() if r.get('date') == day)}"
+                             for day in sorted({r.get("date", "") for r in rows.values()})) + ".")
     return "\n".join(lines) + "\n"
 
 

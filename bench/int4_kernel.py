@@ -112,11 +112,11 @@ def main(argv=None) -> int:
     torch.set_num_threads(2)
     table = [measure(n, k, rows) | {"shape": name} for rows in args.rows for name, (n, k) in SHAPES.items()]
     result = {"cpu": cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__, "group": GROUP,
-              "results": table}
+              "streamed": "weights and scales (before 2026-12-06: weights only)", "results": table}
     if args.agreement:
         result["agreement"] = agreement(args.agreement)
     md = [f"int4 matmul, Ponder's kernel vs torch's packed kernel; {result['cpu']}, {result['threads']} threads, "
-          "weights streamed from memory", "",
+          "weights and scales streamed from memory", "",
           "| shape | N×K | rows | Ponder µs | torch µs | speedup | Ponder GB/s | max error (Ponder / torch) |",
           "|---|---|---:|---:|---:|---:|---:|---|"]
     md += [f"| {r['shape']} | {r['n']}×{r['k']} | {r['rows']} | {r['us_ponder']} | {r['us_torch']} | {r['speedup']}× | "

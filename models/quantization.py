@@ -40,9 +40,10 @@ def packs_int4(module: nn.Module, group_size: int = GROUP_SIZE) -> bool:
     return module.in_features > 128 and module.in_features % 128 == 0 and module.in_features % group_size == 0
 
 
-def quantize_model(model: nn.Module, bits: int, head_bits: int | None = None,
+def quantize_model(model: nn.Module, bits: int | None, head_bits: int | None = None,
                    group_size: int = GROUP_SIZE, int4_codes: dict | None = None) -> nn.Module:
-    """Quantize every linear layer in place to `bits` (4 or 8), the LM head to `head_bits` (None = keep bf16);
+    """Quantize every linear layer in place to `bits` (4 or 8; None = keep the layers bf16), the LM head to
+    `head_bits` (None = keep bf16);
     int4 layers with one scale and zero point per `group_size` inputs. `int4_codes`: name -> (codes, scale,
     zero) already chosen (GPTQ) for int4 layers, packed as they are instead of rounding those layers to nearest
     first (quanto's rounding and packing of the 1.5B's layers took ~13 s that GPTQ's codes then replaced)."""

@@ -98,6 +98,19 @@ def candidates_path(cache: Path) -> Path:
     return cache.with_name(cache.name + ".candidates.jsonl")
 
 
+def saved_candidates(lines: list[str], done: int) -> list[str]:
+    """The sidecar's rows of the first `done` questions, the ones the cache kept; a line cut short by a crash
+    mid-write (always a later question's: a question is recorded before the cache saves it) is dropped."""
+    kept = []
+    for line in lines:
+        try:
+            if json.loads(line)["question_index"] < done:
+                kept.append(line)
+        except (ValueError, KeyError, TypeError):
+            continue
+    return kept
+
+
 def collect_verifier_data(engine, items, args, say) -> dict:
     """Sample (or reload) the verifier's training candidates. With --features-cache the collection is saved every
     8 questions (safetensors, written atomically) and a rerun continues where it stopped; a finished cache is
@@ -138,9 +151,15 @@ def collect_verifier_data(engine, items, args, say) -> dict:
     record = None
     if path is not None:
         sidecar = candidates_path(path)
-        kept = [line for line in (sidecar.read_text(encoding="utf-8").splitlines() if sidecar.is_file() else [])
-                if line.strip() and start is not None and json.loads(line)["question_index"] < start["done"]]
-        sidecar.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+        lines = sidecar.read_text(encoding="utf-8").splitlines() if sidecar.is_file() else []
+        kept = saved_candidates(lines, start["done"] if start is not None else 0)
+        if start is not None and len(kept) != len(start["y"]):
+            say(f"features: {sidecar.name} holds {len(kept)} of the cache's {len(start['y'])} candidates "
+                "(written before it kept them, or cut short); the cache itself is complete")
+        if len(kept) != len(lines):
+            tmp = sidecar.with_name(sidecar.name + ".tmp")
+            tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+            os.replace(tmp, sidecar)
 
         def record(k, item, rows) -> None:
             with sidecar.open("a", encoding="utf-8") as f:

@@ -97,6 +97,8 @@ def test_verifier_collection_keeps_each_candidate_once_across_a_resume(engine, t
             meta = f.metadata()
         first = {k: saved[k][:2] for k in ("x", "y", "groups", "extras")}
         save_file({**first, "done": torch.tensor([1]), "seconds": saved["seconds"]}, str(cache), metadata=meta)
+        with candidates_path(cache).open("a") as f:  # and a line cut short by the crash
+            f.write('{"question_index": 1, "text": "half a')
         again = collect_verifier_data(engine, items, args, lambda m: None)
     finally:
         hook.remove()
