@@ -46,7 +46,7 @@ def run_gui() -> int:
 
     from core.config import EngineConfig
     from core.storage import paths
-    from core.storage.chats import ChatStore, NewerDatabaseError
+    from core.storage.chats import ChatDatabaseError, ChatStore
     from ui.main_window import MainWindow
     from ui.theme import apply_theme, follow_system
 
@@ -61,7 +61,7 @@ def run_gui() -> int:
     app.setWindowIcon(QIcon(str(paths.resource_dir() / "icons" / "ponder.png")))
     try:
         store = ChatStore(paths.data_dir() / "chats.db")
-    except NewerDatabaseError as err:  # left untouched: an update of Ponder reads it
+    except ChatDatabaseError as err:  # left untouched: newer, locked by another Ponder, disk full, read-only
         print(f"ponder: {err}", file=sys.stderr)
         QMessageBox.critical(None, "Ponder", str(err))
         return 1

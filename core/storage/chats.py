@@ -5,8 +5,10 @@ of the branch shown); full-text search; versioned migrations; crash-safe streami
 
 A reply is written while it streams (`ReplyWriter`, flushed at most every `flush_s`), so a crash loses at
 most that interval; on the next open, replies left 'streaming' are marked 'incomplete'. A file that is not a
-readable database is moved aside (kept as a backup) and a fresh one is created; a database written by a newer
-Ponder is refused (`NewerDatabaseError`) and left untouched. No Qt here.
+database, or one SQLite reports corrupt, is moved aside with its -wal and -shm files (kept as a backup) and a fresh
+one is created. Any other failure to open it (locked by another Ponder, disk full, read-only, I/O error) raises
+`ChatDatabaseError` and touches nothing; so does a database written by a newer Ponder (`NewerDatabaseError`).
+No Qt here.
 """
 from __future__ import annotations
 
@@ -74,13 +76,37 @@ KEEP = object()
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
-class NewerDatabaseError(Exception):
+class ChatDatabaseError(Exception):
+    """The chat database could not be opened for a reason other than damage (locked, disk full, read-only, I/O):
+    nothing was moved or changed."""
+
+    def __init__(self, path: Path, reason: str):
+        super().__init__(f"The chat database {path} could not be opened ({reason}). It was left unchanged; close "
+                         "any other Ponder window using it, or free disk space, and start Ponder again.")
+        self.path = path
+
+
+class NewerDatabaseError(ChatDatabaseError):
     """The chat database was written by a newer Ponder (a higher schema version): it is not opened or changed."""
 
     def __init__(self, path: Path, version: int):
-        super().__init__(f"The chat database {path} was written by a newer version of Ponder (schema {version}; "
-                         f"this version reads up to {SCHEMA_VERSION}). Update Ponder to open it; it was left unchanged.")
+        Exception.__init__(self, f"The chat database {path} was written by a newer version of Ponder (schema "
+                                 f"{version}; this version reads up to {SCHEMA_VERSION}). Update Ponder to open it; "
+                                 "it was left unchanged.")
         self.path, self.version = path, version
+
+
+class _Damaged(sqlite3.DatabaseError):
+    """PRAGMA quick_check found damage."""
+
+
+DAMAGE_CODES = (11, 26)
+"""SQLITE_CORRUPT and SQLITE_NOTADB (primary result codes): the only errors for which a file is set aside."""
+
+
+def _damaged(err: sqlite3.DatabaseError) -> bool:
+    code = getattr(err, "sqlite_errorcode", None)
+    return isinstance(err, _Damaged) or (code is not None and code & 0xFF in DAMAGE_CODES)
 
 
 @dataclass(frozen=True)
@@ -97,9 +123,18 @@ class Message:
     """The message this one follows (None: the chat's first message, or one of its edits)."""
 
 
+def _json_object(text: str | None) -> dict:
+    """A stored JSON object; a damaged value reads as {} (the message or chat still opens)."""
+    try:
+        value = json.loads(text or "{}")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
 def _message(row: dict) -> Message:
     return Message(row["id"], row["conversation_id"], row["role"], row["content"] or "", row.get("thinking") or "",
-                   row["status"], row["created"], json.loads(row.get("meta") or "{}"), row.get("parent_id"))
+                   row["status"], row["created"], _json_object(row.get("meta")), row.get("parent_id"))
 
 
 _PATH = ("WITH RECURSIVE up(id, depth) AS (SELECT id, 0 FROM messages WHERE id = ? UNION ALL "
@@ -110,26 +145,42 @@ _DESCENDANTS = ("WITH RECURSIVE down(id) AS (SELECT ? UNION ALL SELECT m.id FROM
 
 
 class ChatStore:
-    def __init__(self, path: Path, flush_s: float = 0.5):
+    def __init__(self, path: Path, flush_s: float = 0.5, busy_timeout_s: float = 5.0):
         self.file = Path(path)
         """The database file (`path(cid)` is a chat's shown branch)."""
         self.flush_s = flush_s
+        self.busy_timeout_s = busy_timeout_s
         self.recovered_from: Path | None = None
-        self.file.parent.mkdir(parents=True, exist_ok=True)
         try:
-            self.db = self._open()
-        except sqlite3.DatabaseError:
-            backup = self.file.with_name(f"{self.file.name}.corrupt-{int(time.time())}")
-            self.file.replace(backup)
-            for suffix in ("-wal", "-shm"):
-                Path(str(self.file) + suffix).unlink(missing_ok=True)
-            self.recovered_from = backup
-            self.db = self._open()
+            self.file.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                self.db = self._open()
+            except sqlite3.DatabaseError as err:
+                if not _damaged(err):
+                    raise
+                self.recovered_from = self._set_aside()
+                self.db = self._open()
+        except (sqlite3.Error, OSError) as err:
+            aside = f"; the damaged file was kept as {self.recovered_from.name}" if self.recovered_from else ""
+            raise ChatDatabaseError(self.file, f"{err}{aside}") from err
+
+    def _set_aside(self) -> Path:
+        """Move a damaged database and its -wal/-shm files (the WAL may hold the latest chats) to a backup name."""
+        backup = self.file.with_name(f"{self.file.name}.corrupt-{int(time.time())}")
+        self.file.replace(backup)
+        for suffix in ("-wal", "-shm"):
+            side = Path(str(self.file) + suffix)
+            if side.exists():
+                side.replace(Path(str(backup) + suffix))
+        return backup
 
     def _open(self) -> sqlite_utils.Database:
-        conn = sqlite3.connect(str(self.file), check_same_thread=False, isolation_level=None)
+        conn = sqlite3.connect(str(self.file), check_same_thread=False, isolation_level=None,
+                               timeout=self.busy_timeout_s)
         try:
-            conn.execute("PRAGMA quick_check").fetchall()
+            problems = [row[0] for row in conn.execute("PRAGMA quick_check").fetchall()]
+            if problems != ["ok"]:
+                raise _Damaged("; ".join(map(str, problems[:3])))
             version = conn.execute("PRAGMA user_version").fetchone()[0]
         except sqlite3.DatabaseError:
             conn.close()
@@ -137,11 +188,15 @@ class ChatStore:
         if version > SCHEMA_VERSION:  # checked before anything is written (WAL mode, migrations)
             conn.close()
             raise NewerDatabaseError(self.file, version)
-        db = sqlite_utils.Database(conn)
-        db.enable_wal()
-        db.execute("PRAGMA foreign_keys = ON")
-        self._migrate(db)
-        db.execute("UPDATE messages SET status = 'incomplete' WHERE status = 'streaming'")
+        try:
+            db = sqlite_utils.Database(conn)
+            db.enable_wal()
+            db.execute("PRAGMA foreign_keys = ON")
+            self._migrate(db)
+            db.execute("UPDATE messages SET status = 'incomplete' WHERE status = 'streaming'")
+        except BaseException:
+            conn.close()
+            raise
         return db
 
     @staticmethod
@@ -176,11 +231,7 @@ class ChatStore:
         row = self.db.execute("SELECT system_prompt, sampling FROM conversations WHERE id = ?", [cid]).fetchone()
         if row is None:
             return {"system_prompt": None, "sampling": {}}
-        try:
-            sampling = json.loads(row[1] or "{}")
-        except ValueError:
-            sampling = {}
-        return {"system_prompt": row[0] or None, "sampling": sampling if isinstance(sampling, dict) else {}}
+        return {"system_prompt": row[0] or None, "sampling": _json_object(row[1])}
 
     def set_chat_settings(self, cid: str, *, system_prompt=KEEP, sampling=KEEP) -> None:
         """Set chat `cid`'s system prompt (None or blank: the default) and/or sampling overrides (None: none);
@@ -339,7 +390,10 @@ class ChatStore:
 
     def get_setting(self, key: str, default=None):
         row = self.db.execute("SELECT value FROM settings WHERE key = ?", [key]).fetchone()
-        return json.loads(row[0]) if row else default
+        try:
+            return json.loads(row[0]) if row else default
+        except (TypeError, ValueError):  # a damaged value reads as unset, so startup still works
+            return default
 
     def set_setting(self, key: str, value) -> None:
         self.db["settings"].upsert({"key": key, "value": json.dumps(value)}, pk="key")

@@ -14,6 +14,7 @@ import sqlite_utils
 from core.storage.chats import (
     MIGRATIONS,
     SCHEMA_VERSION,
+    ChatDatabaseError,
     ChatStore,
     NewerDatabaseError,
     ReplyWriter,
@@ -61,6 +62,16 @@ def test_settings_roundtrip(tmp_path):
     assert ChatStore(tmp_path / "chats.db").get_setting("budget") == 512
 
 
+def test_damaged_stored_json_reads_as_unset_not_a_crash(tmp_path):
+    store = ChatStore(tmp_path / "chats.db")
+    cid = store.new_conversation("t")
+    mid = store.add_message(cid, "assistant", "hi", meta={"budget": 1})
+    store.db.execute("UPDATE messages SET meta = '{broken' WHERE id = ?", [mid])
+    store.db["settings"].upsert({"key": "ui", "value": "{broken"}, pk="key")
+    assert store.get_setting("ui", {"default": 1}) == {"default": 1}
+    assert [m.meta for m in store.path(cid)] == [{}] and [m.content for m in store.path(cid)] == ["hi"]
+
+
 def test_migrates_from_every_earlier_schema(tmp_path):
     for version in range(1, SCHEMA_VERSION):
         path = tmp_path / f"v{version}.db"
@@ -104,6 +115,51 @@ def test_corrupt_database_is_moved_aside_and_replaced(tmp_path):
     assert store.recovered_from is not None and store.recovered_from.read_bytes().startswith(b"this is not")
     assert store.conversations() == []
     store.new_conversation("works again")
+
+
+def test_a_locked_database_is_refused_and_left_alone_with_its_wal(tmp_path):
+    """Another Ponder holding the write lock is not damage: nothing is moved or deleted, the error says why, and the
+    chats (some still only in the WAL) open once the lock is gone."""
+    path = tmp_path / "chats.db"
+    first = ChatStore(path)
+    first.db.execute("PRAGMA wal_autocheckpoint = 0")
+    cid = first.new_conversation("kept in the WAL")
+    first.add_message(cid, "user", "hello")
+    assert Path(str(path) + "-wal").stat().st_size > 0
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    with pytest.raises(ChatDatabaseError, match="locked") as err:
+        ChatStore(path, busy_timeout_s=0.05)
+    assert not isinstance(err.value, NewerDatabaseError)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["chats.db", "chats.db-shm", "chats.db-wal"]
+    holder.execute("ROLLBACK")
+    holder.close()
+    again = ChatStore(path)
+    assert again.recovered_from is None and [c["title"] for c in again.conversations()] == ["kept in the WAL"]
+
+
+def test_damage_found_by_quick_check_moves_the_file_aside_with_its_wal(tmp_path):
+    path = tmp_path / "chats.db"
+    store = ChatStore(path)
+    for i in range(40):
+        store.add_message(store.new_conversation(f"chat {i}"), "user", "x" * 2000)
+    store.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    store.db.conn.close()
+    data = bytearray(path.read_bytes())
+    data[2 * 4096] = 0x77  # page 3's b-tree page type: the file opens, and quick_check reports (not raises) damage
+    path.write_bytes(bytes(data))
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA quick_check").fetchall() != [("ok",)]
+    conn.close()
+    recovered = ChatStore(path)
+    assert recovered.recovered_from is not None and recovered.recovered_from.read_bytes() == bytes(data)
+    assert recovered.conversations() == []
+    for suffix in ("", "-wal", "-shm"):  # a WAL left beside a damaged file (it may hold the latest chats) goes with it
+        Path(str(tmp_path / "old.db") + suffix).write_bytes(suffix.encode() or b"db")
+    recovered.file = tmp_path / "old.db"
+    backup = recovered._set_aside()
+    assert [Path(str(backup) + suffix).read_bytes() for suffix in ("", "-wal", "-shm")] == [b"db", b"-wal", b"-shm"]
+    assert not any(Path(str(tmp_path / "old.db") + suffix).exists() for suffix in ("", "-wal", "-shm"))
 
 
 def test_newer_schema_is_refused_not_destroyed(tmp_path):
