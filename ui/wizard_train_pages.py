@@ -91,7 +91,7 @@ class TrainPage(QWizardPage):
     def on_saved(self, ev: dict) -> None:
         try:
             self.card = self.s.library.get(self.s.model_id, ev.get("name") or self.s.name)
-        except ValueError as err:
+        except (ValueError, OSError) as err:  # a card or folder damaged on disk: say so, keep the wizard going
             self.panel.status.setText(f"Saved, but the library cannot read it: {err}")
 
     def isComplete(self) -> bool:
@@ -153,7 +153,7 @@ class ConcisePage(QWizardPage):
     def on_saved(self, ev: dict) -> None:
         try:
             self.card = self.s.library.get(self.s.model_id, ev.get("name") or self.name)
-        except ValueError as err:
+        except (ValueError, OSError) as err:  # a card or folder damaged on disk: say so, keep the wizard going
             self.panel.status.setText(f"Saved, but the library cannot read it: {err}")
 
     def sync(self) -> None:

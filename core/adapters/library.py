@@ -8,6 +8,7 @@ through a temporary folder renamed into place; every delete stays strictly insid
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -15,6 +16,7 @@ import shutil
 import tempfile
 import time
 import zipfile
+import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -84,11 +86,19 @@ def _card(folder: Path, model_id: str, name: str, builtin: bool = False, meta: d
     kind = meta.get("kind") if meta.get("kind") in ADAPTER_KINDS else ("reasoning" if builtin else "skill")
     created = meta.get("created")
     if not isinstance(created, str):
-        stamp = (folder / "adapter_model.safetensors").stat().st_mtime if folder.is_dir() else time.time()
+        try:
+            stamp = (folder / "adapter_model.safetensors").stat().st_mtime
+        except OSError:  # weights missing too: the card still lists, so the adapter can be removed
+            stamp = time.time()
         created = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(stamp))
-    return AdapterCard(name, kind, str(meta.get("base_model") or model_id), meta.get("base_fingerprint"),
-                       meta.get("data_hash"), dict(meta.get("recipe") or {}), dict(meta.get("metrics") or {}),
-                       created, folder, builtin)
+    text = lambda key: meta.get(key) if isinstance(meta.get(key), str) else None  # noqa: E731
+    return AdapterCard(name, kind, text("base_model") or model_id, text("base_fingerprint"), text("data_hash"),
+                       _object(meta.get("recipe")), _object(meta.get("metrics")), created, folder, builtin)
+
+
+def _object(value) -> dict:
+    """A card's recipe or metrics: a JSON object, or {} for anything else a hand-edited card holds."""
+    return dict(value) if isinstance(value, dict) else {}
 
 
 def _write_meta(folder: Path, meta: dict) -> None:
@@ -227,14 +237,15 @@ class AdapterLibrary:
         card = {**meta, "name": name, "kind": kind, "base_model": model_id, "created": _now(),
                 "base_fingerprint": meta.get("base_fingerprint"),
                 "data_hash": data_hash if data_hash is not None else meta.get("data_hash"),
-                "recipe": recipe if recipe is not None else meta.get("recipe") or {},
-                "metrics": metrics if metrics is not None else meta.get("metrics") or {}}
+                "recipe": _object(recipe if recipe is not None else meta.get("recipe")),
+                "metrics": _object(metrics if metrics is not None else meta.get("metrics"))}
+        made = _card(folder, model_id, name, meta=card)  # before the copy: a card that cannot be read adds nothing
         final = self._folder(model_id, name)
         with AtomicDir(final) as tmp:
             for f in _peft_files(folder):
                 shutil.copyfile(f, tmp / f.name)
             _write_meta(tmp, card)
-        return _card(final, model_id, name, meta=card)
+        return dataclasses.replace(made, folder=final)
 
     def import_path(self, path: Path, model_id: str | None = None, name: str | None = None) -> AdapterCard:
         """Import a folder or .zip holding one peft adapter; its card says the base model unless `model_id`
@@ -246,7 +257,7 @@ class AdapterLibrary:
         staging = Path(tempfile.mkdtemp(prefix=".import-", dir=self.root)) if path.is_file() else None
         try:
             folder = _unzip(path, staging) if staging is not None else path
-            folder = _adapter_folder(folder)
+            folder = _adapter_folder(folder, path.name)
             try:
                 adapters.check_adapter(folder)
                 meta = adapters.adapter_meta(folder)
@@ -347,14 +358,16 @@ def _safe_meta(folder: Path) -> dict:
         return {}
 
 
-def _adapter_folder(folder: Path) -> Path:
-    """The folder holding adapter_config.json: `folder` itself or its one sub-folder (a zip's top folder)."""
+def _adapter_folder(folder: Path, shown: str | None = None) -> Path:
+    """The folder holding adapter_config.json: `folder` itself or its one sub-folder (a zip's top folder);
+    `shown` names it in the error (the user's zip, not the folder it was extracted to)."""
     if (folder / "adapter_config.json").is_file():
         return folder
     subs = [d for d in folder.iterdir() if d.is_dir() and not d.is_symlink() and not d.name.startswith(("_", "."))]
     if len(subs) == 1 and (subs[0] / "adapter_config.json").is_file():
         return subs[0]
-    raise AdapterError(f"{folder.name} holds no adapter (no adapter_config.json).")
+    raise AdapterError(f"{shown or folder.name} holds no adapter (no adapter_config.json at its top or in its one "
+                       "top folder).")
 
 
 def _unzip(path: Path, into: Path) -> Path:
@@ -375,20 +388,28 @@ def _unzip(path: Path, into: Path) -> Path:
             is_link = (m.external_attr >> 16) & 0o170000 == 0o120000
             if m.filename.startswith(("/", "\\")) or ".." in parts or any(":" in p for p in parts) or is_link:
                 raise AdapterError(f"{path.name} has an unsafe entry '{m.filename}'; nothing was imported.")
-        for m in members:
-            parts = PurePosixPath(m.filename.replace("\\", "/")).parts
-            if len(parts) > 2 or parts[0] == "__MACOSX":  # an adapter is flat, at most in one top folder
-                continue
-            target = into.joinpath(*parts)
-            if m.is_dir():
-                target.mkdir(parents=True, exist_ok=True)
-                continue
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with zf.open(m) as src, open(target, "wb") as dst:
-                copied = 0
-                while chunk := src.read(1 << 20):
-                    copied += len(chunk)
-                    if copied > m.file_size:  # the header lied about the size (a zip bomb)
-                        raise AdapterError(f"{path.name} is damaged: '{m.filename}' is larger than it says.")
-                    dst.write(chunk)
+        try:
+            for m in members:
+                _extract(zf, m, path, into)
+        except (zipfile.BadZipFile, RuntimeError, NotImplementedError, EOFError, zlib.error) as err:
+            # a bad CRC or truncated member, an encrypted zip, a compression method Python cannot read
+            raise AdapterError(f"{path.name} could not be read ({err}); nothing was imported.") from None
     return into
+
+
+def _extract(zf: zipfile.ZipFile, m: zipfile.ZipInfo, path: Path, into: Path) -> None:
+    parts = PurePosixPath(m.filename.replace("\\", "/")).parts
+    if not parts or len(parts) > 2 or parts[0] == "__MACOSX":  # an adapter is flat, at most in one top folder
+        return
+    target = into.joinpath(*parts)
+    if m.is_dir():
+        target.mkdir(parents=True, exist_ok=True)
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with zf.open(m) as src, open(target, "wb") as dst:
+        copied = 0
+        while chunk := src.read(1 << 20):
+            copied += len(chunk)
+            if copied > m.file_size:  # the header lied about the size (a zip bomb)
+                raise AdapterError(f"{path.name} is damaged: '{m.filename}' is larger than it says.")
+            dst.write(chunk)

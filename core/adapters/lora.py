@@ -146,8 +146,17 @@ def save_adapter(model: nn.Module, folder: Path, meta: dict) -> None:
 
 
 def adapter_meta(folder: Path) -> dict:
+    """The adapter's card (ponder_adapter.json), {} without one; a ValueError when it is not a JSON object."""
     path = Path(folder) / META_FILE
-    return json.loads(path.read_text()) if path.is_file() else {}
+    if not path.is_file():
+        return {}
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except RecursionError:
+        raise ValueError(f"{META_FILE} is nested too deeply") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{META_FILE} is not a JSON object")
+    return meta
 
 
 def base_fingerprint(hf_dir: Path) -> str:

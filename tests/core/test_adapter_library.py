@@ -147,6 +147,46 @@ def test_damaged_adapters_and_non_adapters_are_refused(library, saved_adapter, t
     assert library.list() == []
 
 
+def test_zip_errors_name_the_zip_and_unreadable_members_are_adapter_errors(library, saved_adapter, tmp_path):
+    files = {f"a/b/{f.name}": f.read_bytes() for f in saved_adapter.iterdir()}  # two folders deep
+    with pytest.raises(AdapterError, match="nested.zip holds no adapter"):
+        library.import_path(_zip(tmp_path / "nested.zip", files), model_id=TINY_ID)
+    with zipfile.ZipFile(tmp_path / "dot.zip", "w") as zf:  # a './' entry is skipped, not an IndexError
+        zf.writestr("./", b"")
+        for f in saved_adapter.iterdir():
+            zf.writestr(f.name, f.read_bytes())
+    assert library.import_path(tmp_path / "dot.zip", model_id=TINY_ID, name="dotted").name == "dotted"
+    good = _zip(tmp_path / "crc.zip", {f"c/{f.name}": f.read_bytes() for f in saved_adapter.iterdir()})
+    data = bytearray(good.read_bytes())
+    at = data.index(b'"peft_type"') if b'"peft_type"' in data else data.index(b"{")
+    data[at + 2] ^= 0xFF  # a stored member's byte flipped: its CRC no longer matches
+    (tmp_path / "crc.zip").write_bytes(bytes(data))
+    with pytest.raises(AdapterError, match="could not be read"):
+        library.import_path(tmp_path / "crc.zip", model_id=TINY_ID, name="crc")
+    assert [c.name for c in library.list(TINY_ID)] == ["dotted"]
+
+
+@pytest.mark.parametrize("card", [{"recipe": "abc"}, {"metrics": [1, 2, 3]}, [], "text"])
+def test_a_hand_edited_card_never_breaks_the_library(library, saved_adapter, tmp_path, card):
+    """A card that is not an object, or whose recipe/metrics are not, is refused or read as empty; the library
+    keeps listing (and removing) everything, and a refused import adds nothing."""
+    library.add_from_folder(saved_adapter, TINY_ID, "good", kind="skill")
+    files = {f"x/{f.name}": f.read_bytes() for f in saved_adapter.iterdir()}
+    files[f"x/{adapters.META_FILE}"] = json.dumps(card).encode()
+    try:
+        added = library.import_path(_zip(tmp_path / "x.zip", files), model_id=TINY_ID, name="edited")
+        assert added.recipe == {} and added.metrics == {}
+    except AdapterError as err:
+        assert "not a JSON object" in str(err) and isinstance(card, (list, str))
+        assert [c.name for c in library.list(TINY_ID)] == ["good"]
+    assert "good" in [c.name for c in library.list(TINY_ID)]
+    (library.root / TINY_ID / "good" / adapters.META_FILE).write_text(json.dumps(card))
+    (library.root / TINY_ID / "good" / "adapter_model.safetensors").unlink()
+    assert "good" in [c.name for c in library.list(TINY_ID)]  # damaged card and missing weights: still listed
+    library.remove(TINY_ID, "good")
+    assert "good" not in [c.name for c in library.list(TINY_ID)]
+
+
 def test_builtin_adapters_are_listed_read_only_and_exportable(library, saved_adapter, tiny_store, tmp_path):
     component = tiny_store.get(TINY_ID).folder / "components" / "reasoning"
     adapters.save_adapter(adapters.attach_new(make_model(448), rank=4), component, {"name": "mine"})
