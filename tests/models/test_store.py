@@ -125,6 +125,32 @@ def test_import_gguf_bad_inputs_leave_store_clean(store, tmp_path):
     assert store.list() == [] and leftovers(store.root) == []
 
 
+def test_import_gguf_converts_the_chosen_file_not_one_left_by_a_killed_import(store, tmp_path):
+    """A `model.gguf` left in the store folder by an import killed mid-conversion is replaced by the file the user
+    chose (checked by its hash), not converted in its place."""
+    chosen = write_gguf(tmp_path / "notok.gguf")
+    with pytest.raises(MissingTokenizer):
+        store.import_gguf(chosen, "left")
+    store.folder("left").mkdir(parents=True)
+    (store.folder("left") / "model.gguf").write_bytes(b"an earlier, other file" * 100)
+    with pytest.raises(MissingTokenizer):  # the chosen file's own error: the leftover was not what got read
+        store.import_gguf(chosen, "left")
+    assert store.list() == []
+
+
+def test_damaged_manifest_or_config_never_breaks_the_model_list(store, tiny_hf_dir):
+    store.import_hf(tiny_hf_dir, "one")
+    store.import_hf(tiny_hf_dir, "two")
+    (store.folder("one") / "manifest.json").write_text("")  # names and provenance only: the model still works
+    assert [m.id for m in store.list()] == ["one", "two"] and store.get("one").source == "?"
+    (store.folder("two") / "hf" / "config.json").write_text("[1, 2")
+    assert [m.id for m in store.list()] == ["one"]
+    with pytest.raises(CorruptModelFile, match="ponder models remove two"):
+        store.get("two")
+    store.remove("two")
+    assert [m.id for m in store.list()] == ["one"]
+
+
 def test_not_enough_memory_is_refused(store):
     huge = KNOWN_MODELS["qwen2.5-7b-instruct"]
     from dataclasses import replace
