@@ -37,6 +37,8 @@ def read_jsonl(path: Path, limit: int | None = None) -> list[dict]:
                 rows.append(json.loads(line))
             except ValueError as err:
                 raise ValueError(f"{path}:{lineno} is not valid JSON ({err})") from err
+            except RecursionError:
+                raise ValueError(f"{path}:{lineno} is not valid JSON (nested too deeply)") from None
             if limit and len(rows) >= limit:
                 break
     return rows

@@ -20,6 +20,9 @@ from core.data.sft import CALC
 
 DATA_FORMATS = ("messages", "prompt_response", "question_answer", "trace", "csv")
 KINDS = ("skill", "reasoning")
+MAX_FILE_BYTES = 256 << 20
+"""Largest training file read (a chat fine-tune has thousands of rows, a few MB; the check holds the text in memory,
+so a multi-GB file picked by mistake is refused instead of filling the app's memory)."""
 ROLES = ("system", "user", "assistant")
 
 
@@ -153,6 +156,15 @@ def parse_row(line: int, row, kind: str) -> tuple[str, TrainRecord]:
 
 
 def _jsonl_rows(text: str, kind: str, problems: list[DataProblem]):
+    if text.lstrip().startswith("["):
+        try:
+            whole = json.loads(text)
+        except (ValueError, RecursionError):
+            whole = None
+        if isinstance(whole, list):
+            problems.append(DataProblem(1, "this is one JSON array; training files are JSONL: one JSON object per "
+                                           "line (write each element of the array on its own line)"))
+            return
     for lineno, raw in enumerate(text.splitlines(), 1):
         if not raw.strip():
             continue
@@ -160,6 +172,9 @@ def _jsonl_rows(text: str, kind: str, problems: list[DataProblem]):
             row = json.loads(raw)
         except ValueError as err:
             problems.append(DataProblem(lineno, f"not valid JSON ({err.args[0].split(':')[0]})"))
+            continue
+        except RecursionError:
+            problems.append(DataProblem(lineno, "not valid JSON (nested too deeply)"))
             continue
         try:
             yield parse_row(lineno, row, kind)
@@ -216,6 +231,11 @@ def validate_file(path: Path, tokenizer, *, kind: str = "skill", max_tokens: int
         raise ValueError(f"kind must be one of {KINDS}")
     path = Path(path)
     problems: list[DataProblem] = []
+    size = path.stat().st_size
+    if size > MAX_FILE_BYTES:
+        return DataReport(path, "unknown", [], [DataProblem(1, f"the file is {size / 2**20:.0f} MB; training files "
+                                                               f"are read whole, up to {MAX_FILE_BYTES >> 20} MB")],
+                          [], "")
     raw = path.read_bytes()
     try:
         text = raw.decode("utf-8-sig")

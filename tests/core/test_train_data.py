@@ -46,6 +46,23 @@ def test_every_problem_is_listed_with_its_line(tmp_path, tok):
     assert report.format in DATA_FORMATS and len(report.token_lengths) == 3
 
 
+def test_arrays_deep_nesting_and_huge_files_get_one_clear_problem(tmp_path, tok, monkeypatch):
+    import core.data.train as train
+
+    rows = [{"prompt": "Say hi", "response": "Hello!"}, {"prompt": "Bye", "response": "Bye!"}]
+    array = tmp_path / "rows.json"
+    array.write_text(json.dumps(rows, indent=2), encoding="utf-8")
+    report = validate_file(array, tok)
+    assert [(p.line, "one JSON array" in p.message) for p in report.problems] == [(1, True)]
+    deep = write(tmp_path / "deep.jsonl", [rows[0], "[" * 100_000 + "]" * 100_000, rows[1]])
+    report = validate_file(deep, tok)
+    assert [(p.line, p.message) for p in report.problems] == [(2, "not valid JSON (nested too deeply)")]
+    assert [r.line for r in report.records] == [1, 3]
+    monkeypatch.setattr(train, "MAX_FILE_BYTES", 64)
+    report = validate_file(deep, tok)
+    assert report.records == [] and "read whole, up to" in report.problems[0].message
+
+
 def test_reasoning_kind_needs_rows_with_a_known_answer(tmp_path, tok):
     rows = [{"question": "Natalia sold 48 clips and 24 more. Total?", "answer": "48+24 = <<48+24=72>>72\n#### 72"},
             {"problem": "1+1?", "solution": "It is $\\boxed{2}$.", "answer": "2"},
@@ -87,3 +104,17 @@ def test_histogram_split_and_hash(tmp_path, tok):
     again = validate_file(write(tmp_path / "e.jsonl", rows), tok)
     changed = validate_file(write(tmp_path / "f.jsonl", rows[:-1] + [{"prompt": "q19", "response": "b"}]), tok)
     assert again.data_hash == report.data_hash != changed.data_hash and len(report.data_hash) == 64
+
+
+def test_evaluation_loaders_name_the_file_and_row_of_a_malformed_row(tmp_path):
+    from core.data.datasets import load_items
+
+    good = {"question": "2+2?", "answer": "#### 4"}
+    path = write(tmp_path / "eval.jsonl", [good, {"question": 7, "answer": "#### 3"}, [1, 2]])
+    with pytest.raises(ValueError, match=r"eval.jsonl row 2: 'question' should be text, not int"):
+        load_items(path)
+    assert [i.gold for i in load_items(path, 1)] == ["4"]
+    with pytest.raises(ValueError, match=r"row 3: each line should be a JSON object, not list"):
+        load_items(path, 1, offset=2)
+    with pytest.raises(ValueError, match=r"deep.jsonl:2 is not valid JSON \(nested too deeply\)"):
+        load_items(write(tmp_path / "deep.jsonl", [good, "[" * 100_000 + "]" * 100_000]))
