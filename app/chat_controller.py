@@ -10,6 +10,7 @@ touches widgets.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -127,6 +128,17 @@ class ChatController(QObject):
     def export(self, cid: str, fmt: str) -> str:
         """The chat as Markdown ('md') or JSON ('json') text."""
         return export_markdown(self.store, cid) if fmt == "md" else export_json(self.store, cid)
+
+    def export_to(self, cid: str, fmt: str, path: Path) -> None:
+        """Write the export to `path` atomically: a full disk or a refused write (OSError) leaves any file already
+        there as it was."""
+        path = Path(path)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            tmp.write_text(self.export(cid, fmt), encoding="utf-8")
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
 
     def rename(self, cid: str, title: str) -> None:
         self.store.rename(cid, title)

@@ -352,9 +352,11 @@ class MainWindow(QMainWindow, AdapterActions, ShellActions):
         safe = re.sub(r"[^\w\- ]+", "", self.controller.title(cid)).strip() or "chat"
         path = ExportDialog.ask(self, f"{safe}.{fmt}", fmt)
         if path:
-            text = self.controller.export(cid, fmt)
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(text)
+            try:
+                self.controller.export_to(cid, fmt, path)
+            except OSError as err:
+                self.status.setText(f"Could not export to {path}: {err.strerror or err}")
+                return
             self.status.setText(f"Exported to {path}")
 
     def schedule_render(self, *_args) -> None:

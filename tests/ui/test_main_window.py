@@ -119,6 +119,13 @@ def test_search_export_rename_delete_undo(window, loop, tmp_path, monkeypatch):
     monkeypatch.setattr(dialogs.RenameDialog, "ask", classmethod(lambda cls, p, c: "Fruit"))
     window.export(cid, "md")
     assert "pineapple" in (tmp_path / "out.md").read_text()
+    (tmp_path / "taken").mkdir()  # a folder where the file should go: the write fails (even as root)
+    (tmp_path / "taken" / "inside.txt").write_text("kept")
+    monkeypatch.setattr(dialogs.ExportDialog, "ask", classmethod(lambda cls, p, s, f: str(tmp_path / "taken")))
+    window.export(cid, "md")
+    assert window.status.text().startswith("Could not export")
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary file left
+    assert (tmp_path / "taken" / "inside.txt").read_text() == "kept"
     window.rename(cid)
     assert window.sidebar.list.item(0).text() == "Fruit"
     window.delete(cid)
