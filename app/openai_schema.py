@@ -46,6 +46,8 @@ class Limits:
     """`max_tokens` when the request gives none."""
     default_thinking_budget: int = 256
     max_body_bytes: int = 1 << 20
+    body_timeout_s: float = 30.0
+    """A body still arriving after this long is refused (408): a slow sender cannot hold a request open."""
 
 
 class _Strict(BaseModel):
@@ -69,9 +71,9 @@ class StreamOptions(_Strict):
 class _Request(_Strict):
     model: str
     temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
+    top_p: float | None = Field(None, ge=1e-6, le=1)
     top_k: int | None = Field(None, ge=0)
-    repetition_penalty: float | None = Field(None, gt=0, le=4)
+    repetition_penalty: float | None = Field(None, ge=0.01, le=4)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     stop: str | list[str] | None = None
@@ -97,6 +99,11 @@ class CompletionRequest(_Request):
     prompt: str | list[str]
 
 
+MAX_STOP_CHARS = 256
+"""Longest stop string: the stream holds back text that could begin one, checked at every token."""
+MIN_TEMPERATURE = 1e-4
+"""Temperatures above 0 but below this sample greedily (1e-50 would turn the logits to inf in float32)."""
+
 UNSUPPORTED = {  # parameter -> value that is fine to send (anything else is refused)
     "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []), "function_call": (None, "none"),
     "logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": (None, False), "suffix": (None, ""),
@@ -114,7 +121,8 @@ def parse(model: type[_Request], body: bytes) -> _Request:
             raise ApiError(400, "The request body is not valid JSON.", code="invalid_json") from None
         if first["type"] == "model_type":
             raise ApiError(400, "The request body must be a JSON object.", code="invalid_json") from None
-        param = ".".join(str(p) for p in first["loc"] if not str(p).startswith(("function-", "list[", "str")))
+        param = ".".join(str(p) for p in first["loc"]  # pydantic's union tags are not parameter names
+                         if not (str(p).startswith(("function-", "list[")) or str(p) == "str"))
         if first["type"] == "missing":
             raise ApiError(400, f"Missing required parameter: '{param}'.", param=param,
                            code="missing_required_parameter") from None
@@ -125,6 +133,14 @@ def parse(model: type[_Request], body: bytes) -> _Request:
             raise ApiError(400, f"'{name}' is not supported by this server.", param=name, code="unsupported_parameter")
     if isinstance(req, CompletionRequest) and isinstance(req.prompt, list) and len(req.prompt) != 1:
         raise ApiError(400, "'prompt' must be a string or a list of one string.", param="prompt", code="invalid_value")
+    if isinstance(req, CompletionRequest) and not (req.prompt if isinstance(req.prompt, str) else req.prompt[0]):
+        raise ApiError(400, "'prompt' must not be empty.", param="prompt", code="invalid_value")
+    stops = [req.stop] if isinstance(req.stop, str) else req.stop or []
+    if any(len(s) > MAX_STOP_CHARS for s in stops):
+        raise ApiError(400, f"Each 'stop' string may be at most {MAX_STOP_CHARS} characters.", param="stop",
+                       code="invalid_value")
+    if req.temperature is not None and 0 < req.temperature < MIN_TEMPERATURE:
+        req.temperature = 0.0  # the same answer in practice, without dividing the logits by ~0
     return req
 
 

@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator
 import uvicorn
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
@@ -34,6 +34,7 @@ from . import openai_schema as schema
 from .engine_worker import EngineNotReady, EngineWorker, Generation, QueueFull
 from .openai_schema import ApiError, Limits
 from .server_guard import Guard, is_loopback
+from .server_protocol import GuardedH11Protocol
 
 log = logging.getLogger(__name__)
 API_KEY_ENV = "PONDER_API_KEY"
@@ -89,11 +90,19 @@ class OpenAIApi:
         if declared.isdigit() and int(declared) > limit:
             raise too_large
         chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise too_large
-            chunks.append(chunk)
+        try:
+            async with asyncio.timeout(self.limits.body_timeout_s):
+                async for chunk in request.stream():
+                    size += len(chunk)
+                    if size > limit:
+                        raise too_large
+                    chunks.append(chunk)
+        except TimeoutError:
+            raise ApiError(408, f"The request body did not arrive within {self.limits.body_timeout_s:g} s.",
+                           code="request_timeout") from None
+        except ClientDisconnect:  # nobody is left to answer: an error response, no traceback in the log
+            raise ApiError(400, "The client closed the connection before sending the whole body.",
+                           code="client_disconnected") from None
         return b"".join(chunks)
 
     def _engine(self, model: str | None = None):
@@ -247,8 +256,8 @@ class LocalServer:
         self.port = self._sock.getsockname()[1]
         app = Guard(create_app(worker, api_key=api_key, limits=limits), bound_host=host, allow_hosts=allow_hosts,
                     allow_origins=allow_origins)
-        config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=2, lifespan="off",
-                                proxy_headers=False, server_header=False)
+        config = uvicorn.Config(app, http=GuardedH11Protocol, log_level=log_level, timeout_graceful_shutdown=2,
+                                lifespan="off", proxy_headers=False, server_header=False)
         self._server = uvicorn.Server(config)
         self._thread: threading.Thread | None = None
 

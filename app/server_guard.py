@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
 import socket
 from collections.abc import Iterable
 from urllib.parse import urlsplit
@@ -21,6 +22,8 @@ from urllib.parse import urlsplit
 from .openai_schema import ApiError
 
 WILDCARD = ("0.0.0.0", "::", "")
+HEADER_LIST = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+(\s*,\s*[A-Za-z0-9!#$%&'*+.^_`|~-]+)*\s*")
+"""A preflight's requested header names (HTTP tokens, comma-separated): echoed back for an allowed origin."""
 
 
 def is_loopback(host: str) -> bool:
@@ -42,11 +45,15 @@ def _is_ip(host: str) -> bool:
 
 
 def host_name(value: str) -> str:
-    """The host part of a Host header ('[::1]:8080' -> '::1', 'Example.com:80' -> 'example.com')."""
+    """The host part of a Host header ('[::1]:8080' -> '::1', 'Example.com.:80' -> 'example.com'); anything after
+    a bracketed address other than a port keeps the whole value (so it names no loopback address)."""
     value = value.strip().lower()
     if value.startswith("["):
-        return value[1:value.find("]")] if "]" in value else value
-    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+        end = value.find("]")
+        rest = value[end + 1:] if end != -1 else "?"
+        return value[1:end] if rest == "" or (rest.startswith(":") and rest[1:].isdigit()) else value
+    host = value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+    return host[:-1] if host.endswith(".") else host
 
 
 class Guard:
@@ -56,7 +63,7 @@ class Guard:
                  allow_origins: Iterable[str] = ()):
         self.app = app
         self.bound_host = bound_host.strip("[]").lower()
-        self.allow_hosts = {h.strip().lower().strip("[]") for h in allow_hosts if h.strip()}
+        self.allow_hosts = {host_name(h) for h in allow_hosts if h.strip()}  # 'name:port' allows 'name'
         self.allow_origins = {o.strip().rstrip("/").lower() for o in allow_origins if o.strip()}
         self.names = {socket.gethostname().lower(), socket.getfqdn().lower()} if self.bound_host in WILDCARD else set()
 
@@ -90,9 +97,11 @@ class Guard:
                                  "--allow-origin.", "origin_not_allowed")
         cors = [(b"access-control-allow-origin", origin.encode("latin-1")), (b"vary", b"Origin")] if origin else []
         if scope["method"] == "OPTIONS" and origin is not None:  # a CORS preflight from an allowed origin
+            asked = headers.get("access-control-request-headers", "")  # e.g. the openai JS SDK's X-Stainless-*
+            allowed = asked if HEADER_LIST.fullmatch(asked) and asked.strip() else "Authorization, Content-Type"
             return await _respond(send, 204, b"", cors + [
                 (b"access-control-allow-methods", b"GET, POST, OPTIONS"),
-                (b"access-control-allow-headers", b"Authorization, Content-Type"),
+                (b"access-control-allow-headers", allowed.encode("latin-1")),
                 (b"access-control-max-age", b"600")])
         if scope["method"] == "POST":
             kind = headers.get("content-type", "").split(";", 1)[0].strip().lower()

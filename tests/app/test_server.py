@@ -179,12 +179,30 @@ def test_api_key_is_required_when_set(worker):
      "reasoning_mode", "invalid_value"),
     (b'{"model": "tiny", "messages": [{"role": "user", "content": "' + b"x" * 70000 + b'"}]}', 413, None,
      "request_too_large"),
+    (b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "top_p": 1e-50}', 400, "top_p",
+     "invalid_value"),
+    (b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "repetition_penalty": 1e-50}', 400,
+     "repetition_penalty", "invalid_value"),
+    (b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": 1}', 400, "stream",
+     "invalid_value"),
+    (b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stop": ["' + b"z" * 300 + b'"]}', 400,
+     "stop", "invalid_value"),
+    (b'{"model": "tiny", "prompt": ""}', 400, "prompt", "invalid_value"),
+    (b'{"model": "tiny", "prompt": [""]}', 400, "prompt", "invalid_value"),
 ])
 def test_bad_requests_get_openai_errors(server, body, status, param, code):
-    response = httpx.post(server.url + "/chat/completions", content=body, headers={"Content-Type": "application/json"})
+    path = "/completions" if b'"prompt"' in body else "/chat/completions"
+    response = httpx.post(server.url + path, content=body, headers={"Content-Type": "application/json"})
     error = response.json()["error"]
     assert response.status_code == status and error["param"] == param and error["code"] == code
     assert error["type"] == "invalid_request_error" and error["message"]
+
+
+def test_a_vanishing_temperature_answers_greedily_instead_of_failing(client):
+    """1e-50 is 0 in float32: dividing the logits by it gave inf and a 500; it now samples as temperature 0."""
+    tiny = client.chat.completions.create(model="tiny", messages=HI, temperature=1e-50, max_tokens=8)
+    greedy = client.chat.completions.create(model="tiny", messages=HI, **GREEDY)
+    assert tiny.choices[0].message.content == greedy.choices[0].message.content
 
 
 def test_client_errors_through_the_openai_client(client):
@@ -317,3 +335,41 @@ def test_the_bound_socket_accepts_before_uvicorn_starts():
         socket.create_connection(sock.getsockname(), timeout=5).close()  # queued in the backlog, not refused
     finally:
         sock.close()
+
+
+def test_silent_slow_and_excess_connections_are_closed_and_others_still_served(worker, monkeypatch):
+    """A connection that sends nothing, or only part of its headers or body, is closed after its deadline; one
+    client may not hold more than its share of connections; a normal request meanwhile is answered."""
+    import socket
+
+    from app.server_protocol import GuardedH11Protocol
+
+    monkeypatch.setattr(GuardedH11Protocol, "head_timeout_s", 0.5)
+    monkeypatch.setattr(GuardedH11Protocol, "max_per_client", 4)
+    server = LocalServer(worker, port=0, limits=Limits(body_timeout_s=0.5))
+    server.start()
+    address = ("127.0.0.1", server.port)
+
+    def closed_within(sock, seconds: float) -> bool:
+        sock.settimeout(seconds)
+        try:
+            return sock.recv(4096) is not None  # b"" once closed (or the server's error response)
+        except TimeoutError:
+            return False
+
+    try:
+        silent = socket.create_connection(address)
+        half_head = socket.create_connection(address)
+        half_head.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        half_body = socket.create_connection(address)
+        half_body.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json"
+                          b"\r\nContent-Length: 1000\r\n\r\n{\"model\"")
+        excess = [socket.create_connection(address) for _ in range(2)]  # the 4th (allowed) and 5th (refused)
+        assert all(closed_within(s, 0.3) for s in excess[1:])
+        assert closed_within(silent, 3) and closed_within(half_head, 3)
+        assert b"408" in half_body.recv(4096).split(b"\r\n")[0]
+        for s in [silent, half_head, half_body, *excess]:
+            s.close()
+        assert httpx.get(server.url + "/models", timeout=5).status_code == 200
+    finally:
+        server.stop()

@@ -67,6 +67,11 @@ def test_this_computers_hosts_and_origins_and_allowed_origins_are_served(server)
     preflight = httpx.options(server.url + "/chat/completions", headers={
         "Origin": "http://allowed.example", "Access-Control-Request-Method": "POST"})
     assert preflight.status_code == 204 and "Content-Type" in preflight.headers["access-control-allow-headers"]
+    sdk = httpx.options(server.url + "/chat/completions", headers={  # the openai JS SDK's own headers pass
+        "Origin": "http://allowed.example", "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization, content-type, x-stainless-os, x-stainless-retry-count"})
+    assert sdk.headers["access-control-allow-headers"] == "authorization, content-type, x-stainless-os, " \
+                                                         "x-stainless-retry-count"
     client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=60)
     assert client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
                                           max_tokens=2).choices
@@ -93,3 +98,7 @@ def test_host_rules():
     assert [host_name(h) for h in ("[::1]:80", "Example.COM:8080", "::1", "a")] == ["::1", "example.com", "::1", "a"]
     assert guard.host_allowed("ponder.lan:8080") and guard.host_allowed("localhost")
     assert not guard.host_allowed("10.0.0.2") and not guard.host_allowed("ponder.lan.evil")
+    with_port = Guard(None, allow_hosts=("ponder.lan:8080",))  # a port given with --allow-host still matches
+    assert with_port.host_allowed("ponder.lan:8080") and with_port.host_allowed("ponder.lan")
+    assert guard.host_allowed("localhost.") and guard.host_allowed("localhost.:8080")  # the fully qualified form
+    assert not guard.host_allowed("[::1]evil.example") and host_name("[::1]evil.example") == "[::1]evil.example"
