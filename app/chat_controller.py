@@ -11,6 +11,7 @@ touches widgets.
 from __future__ import annotations
 
 import os
+import sqlite3
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -34,6 +35,8 @@ class ChatController(QObject):
     messagesChanged = Signal()
     liveUpdated = Signal(object)
     notice = Signal(str)
+    sendFailed = Signal(str)
+    """A question could not be saved (disk full, database locked): its text, to put back in the box."""
 
     def __init__(self, service, store: ChatStore):
         super().__init__()
@@ -44,6 +47,7 @@ class ChatController(QObject):
         """The open chat's skill adapter (a new chat: the one it is created with)."""
         self.live: LiveReply | None = None
         self._writer: ReplyWriter | None = None
+        self._write_error: sqlite3.Error | None = None
         self._undo: dict | None = None
         self._pending: dict = {"system_prompt": None, "sampling": {}}
         """A new chat's system prompt and sampling overrides, stored once its first message creates it."""
@@ -233,16 +237,22 @@ class ChatController(QObject):
         text = text.strip()
         if not text or self.service.busy:
             return
-        if self.current is None:
-            self.current = self.store.new_conversation(text.splitlines()[0][:48])
-            if self.adapter is not None:
-                self.store.set_adapter(self.current, self.adapter)
-            self.store.set_chat_settings(self.current, **self._pending)
-            self.conversationsChanged.emit()
-            self.conversationOpened.emit(self.current)
-        cid = self.current
-        options = self.with_chat_settings(options)
-        question = self.store.add_message(cid, "user", text)
+        try:
+            if self.current is None:
+                self.current = self.store.new_conversation(text.splitlines()[0][:48])
+                if self.adapter is not None:
+                    self.store.set_adapter(self.current, self.adapter)
+                self.store.set_chat_settings(self.current, **self._pending)
+                self.conversationsChanged.emit()
+                self.conversationOpened.emit(self.current)
+            cid = self.current
+            options = self.with_chat_settings(options)
+            question = self.store.add_message(cid, "user", text)
+        except sqlite3.Error as err:
+            self.notice.emit(f"Your question could not be saved ({err}); it is back in the box. Free some disk "
+                             "space (or close another Ponder using this chat history) and send it again.")
+            self.sendFailed.emit(text)
+            return
         await self._answer(cid, history(self.store.path(cid)), options, parent_id=question)
 
     async def regenerate(self, options: ReplyOptions) -> None:
@@ -325,8 +335,14 @@ class ChatController(QObject):
                    thinking: str = "", budget: int | None = None, tokens: int = 0) -> None:
         """Stream a reply into a new row after `parent_id`: shown at once, or, as an alternative to the shown
         rows `replaces`, only once it has finished."""
-        writer = ReplyWriter(self.store, cid, meta={"settings": asdict(options)}, parent_id=parent_id,
-                             activate=not replaces)
+        try:
+            writer = ReplyWriter(self.store, cid, meta={"settings": asdict(options)}, parent_id=parent_id,
+                                 activate=not replaces)
+        except sqlite3.Error as err:
+            self.notice.emit(f"The answer could not be started: the chat could not be saved ({err}). Free some "
+                             "disk space and try again.")
+            self.messagesChanged.emit()
+            return
         writer.thinking = thinking
         self._writer = writer
         self.live = LiveReply(thinking=thinking, thinking_tokens=tokens, budget=budget, conversation_id=cid,
@@ -353,15 +369,42 @@ class ChatController(QObject):
             if event.kind == "thinking":
                 live.thinking += event.text
                 live.thinking_tokens = event.index + 1
-                self._writer.append(event.text, "thinking")
             else:
                 live.answer += event.text
-                self._writer.append(event.text)
+            self._save_piece(event.text, event.kind)
         self.liveUpdated.emit(live)
+
+    def _save_piece(self, text: str, kind: str) -> None:
+        """Append streamed text to the reply's row; a failed write (disk full) is said once and the reply streams
+        on in memory (the row is written whole when it finishes, if it can be)."""
+        if self._write_error is not None:
+            return
+        try:
+            self._writer.append(text, "thinking") if kind == "thinking" else self._writer.append(text)
+        except sqlite3.Error as err:
+            self._write_error = err
+            self.notice.emit(f"The answer could not be saved while it streams ({err}). It stays on screen; copy "
+                             "it if you need it, and free some disk space.")
 
     def _finish(self, cid: str, writer: ReplyWriter, answer, options: ReplyOptions, replaces: tuple,
                 base_thinking: str) -> None:
-        self._writer, self.live = None, None
+        live, self._writer, self.live = self.live, None, None
+        had_error, self._write_error = self._write_error, None
+        try:
+            self._store_finished(cid, writer, answer, options, replaces, base_thinking)
+        except sqlite3.Error as err:
+            shown = (answer.text if answer is not None else (live.answer if live else "")) or ""
+            self.notice.emit(f"The answer could not be saved ({err}), so it will not be in this chat. Its text:\n\n"
+                             + (shown[:4000] or "(empty)"))
+        else:
+            if had_error is not None:
+                self.notice.emit("The answer was saved once it finished.")
+        finally:
+            self.conversationsChanged.emit()
+            self.messagesChanged.emit()
+
+    def _store_finished(self, cid: str, writer: ReplyWriter, answer, options: ReplyOptions, replaces: tuple,
+                        base_thinking: str) -> None:
         if answer is None:  # failed (kept as incomplete), or stopped while still queued (kept as stopped)
             status = "cancelled" if self.service.stop_requested else "incomplete"
             content, thinking, meta = writer.content, writer.thinking, None
@@ -377,8 +420,6 @@ class ChatController(QObject):
             if finished and replaces:
                 self.store.select(cid, writer.id)  # the finished alternative is shown; the old one stays a sibling
         self.store.touch(cid)
-        self.conversationsChanged.emit()
-        self.messagesChanged.emit()
 
     def pick_candidate(self, message_id: int, index: int) -> None:
         """Use another candidate's answer as the reply."""

@@ -55,7 +55,8 @@ class MainWindow(QMainWindow, AdapterActions, ShellActions):
         """app.server.InAppServer once the local OpenAI server switch has been used."""
         self._offered_gguf = False
         self._loading = False
-        self._pending_question: str | None = None
+        self._pending_question: tuple | None = None
+        """(text, options) of a question asked while the model loads."""
         self.chosen_note = ""
         self._stage: tuple[str, float, int] = ("", 0.0, 0)
         """The stage in progress: its name, when it started and where it started (for the time left)."""
@@ -114,6 +115,7 @@ class MainWindow(QMainWindow, AdapterActions, ShellActions):
         c.messagesChanged.connect(self.render)
         c.liveUpdated.connect(self.schedule_render)
         c.notice.connect(lambda text: show_info(self, "Ponder", text))
+        c.sendFailed.connect(self.composer.input.setPlainText)
         c.conversationOpened.connect(self.refresh_adapters)
         s.adaptersChanged.connect(self.on_adapters_changed)
         s.modelChosen.connect(self.on_model_chosen)
@@ -159,8 +161,9 @@ class MainWindow(QMainWindow, AdapterActions, ShellActions):
     # --- settings and models --------------------------------------------------------------------------
     def open_settings(self) -> None:
         chosen = SettingsDialog.ask(self, self.settings, self.controller.data_dir)
-        if chosen is not None:  # the dialog does not show the reasoning adapters: they are kept
-            self.apply_settings(replace(chosen, reasoning_adapters=self.settings.reasoning_adapters))
+        if chosen is not None:  # the dialog shows neither the reasoning adapters nor the model: both are kept as
+            self.apply_settings(replace(chosen, reasoning_adapters=self.settings.reasoning_adapters,  # they are now
+                                        model_id=self.settings.model_id))  # (a switch may finish while it is open)
 
     def apply_settings(self, new: AppSettings) -> None:
         old, self.settings = self.settings, new
@@ -250,8 +253,11 @@ class MainWindow(QMainWindow, AdapterActions, ShellActions):
         """Send now; while the model loads, keep the question and send it when ready (never drop it silently)."""
         if self.service.ready:
             self.spawn(self.controller.send(text, self.options()))
+        elif self._loading and self._pending_question is not None:  # one question waits already: keep this one
+            self.composer.input.setPlainText(text)
+            self.status.setText("A question is already waiting for the model; send this one after it.")
         elif self._loading:
-            self._pending_question = text
+            self._pending_question = (text, self.options())  # sent with the options it was asked with
             self.status.setText("Loading the model — your question will be sent as soon as it is ready.")
             self.header.set_loading(True, "Loading… your question is queued")
         else:
@@ -275,11 +281,11 @@ class MainWindow(QMainWindow, AdapterActions, ShellActions):
             if not self.service.can_reason:
                 self.status.setText(f"{self.status.text()}. {NO_REASONING}")
         self.on_busy(self.service.busy)
-        question, self._pending_question = self._pending_question, None
-        if question and state == "ready":
-            self.on_send(question)
-        elif question:  # the model did not load: the question goes back into the box
-            self.composer.input.setPlainText(question)
+        pending, self._pending_question = self._pending_question, None
+        if pending and state == "ready":
+            self.spawn(self.controller.send(*pending))
+        elif pending:  # the model did not load: the question goes back into the box
+            self.composer.input.setPlainText(pending[0])
 
     def on_progress(self, stage: str, done: int, total: int) -> None:
         self.progress_bar.setVisible(True)
@@ -293,6 +299,7 @@ class MainWindow(QMainWindow, AdapterActions, ShellActions):
 
     def on_busy(self, busy: bool) -> None:
         self.composer.set_busy(busy, self.service.ready)
+        self.render()  # the cards' actions (edit, regenerate, think longer) follow: none while an answer runs
 
     def on_failed(self, message: str) -> None:
         hint = "" if self.service.ready else " — open Tools ▸ Models (Ctrl+M) to install or pick a model"

@@ -233,3 +233,81 @@ def test_budget_tooltip_shows_the_shipped_adapters_measured_budgets(qtbot, loop,
 def test_budget_tooltip_is_plain_for_a_model_without_measurements(window):
     window.update_reasoning_available()
     assert window.composer.budget.toolTip() == BUDGET_TIP
+
+
+def test_a_full_disk_keeps_the_question_and_the_streamed_answer(window, loop, monkeypatch):
+    """A question that cannot be saved goes back into the box; an answer whose streamed writes fail streams on,
+    is said to be unsaved, and is written whole once it finishes; nothing leaves the window stuck."""
+    import sqlite3
+
+    import ui.main_window
+
+    notices = []
+    monkeypatch.setattr(ui.main_window, "show_info", lambda parent, title, text: notices.append(text))
+    store = window.controller.store
+    real_add, real_update = store.add_message, store.update_message
+
+    def full(*args, **kwargs):
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(store, "add_message", full)
+    window.composer.input.setPlainText("Remember the word kiwi")
+    window.composer.send_button.click()
+    assert run_until(loop, lambda: window.composer.input.toPlainText() == "Remember the word kiwi")
+    assert "could not be saved" in notices[-1] and not window.service.busy
+    monkeypatch.setattr(store, "add_message", real_add)
+    calls = []
+
+    def full_while_streaming(mid, **fields):
+        calls.append(fields)
+        if "status" not in fields:  # the streaming flushes fail; the final write (with the status) goes through
+            raise sqlite3.OperationalError("database or disk is full")
+        return real_update(mid, **fields)
+
+    monkeypatch.setattr(store, "update_message", full_while_streaming)
+    window.composer.input.setPlainText("")
+    reply = send(window, loop, "Remember the word kiwi", mode="base")
+    assert any("could not be saved while it streams" in n for n in notices) and notices[-1].startswith("The answer was saved")
+    assert reply.status == "complete" and reply.content and window.composer.send_button.isEnabled()
+
+
+def test_actions_on_earlier_cards_are_off_while_an_answer_runs(window, loop):
+    send(window, loop, "first question", mode="base")
+    window.composer.apply("base", 256, 1)
+    window.composer.input.setPlainText("second question")
+    window.composer.send_button.click()
+    assert run_until(loop, lambda: window.service.busy)
+    first = window.controller.messages()[0]
+    assert not window.view.offered(first.id, "edit")
+    assert run_until(loop, lambda: not window.service.busy)
+    assert window.view.offered(window.controller.messages()[0].id, "edit")
+
+
+def test_a_question_asked_while_loading_keeps_its_options_and_a_second_is_not_dropped(window, loop, monkeypatch):
+    service_type = type(window.service)
+    real_ready = service_type.ready
+    monkeypatch.setattr(service_type, "ready", property(lambda self: False))  # as while a model loads
+    window.on_state("loading")
+    window.composer.apply("base", 512, 1)
+    window.on_send("first queued question")
+    window.on_send("second queued question")
+    assert window.composer.input.toPlainText() == "second queued question"  # back in the box, not lost
+    window.composer.apply("base", 128, 1)
+    monkeypatch.setattr(service_type, "ready", real_ready)
+    window.on_state("ready")
+    assert run_until(loop, lambda: not window.service.busy and len(window.controller.messages()) >= 2)
+    question, reply = window.controller.messages()[:2]
+    assert question.content == "first queued question" and reply.meta["settings"]["budget"] == 512
+
+
+def test_saving_settings_keeps_a_model_switched_to_while_the_dialog_was_open(window, monkeypatch):
+    from dataclasses import replace as dc_replace
+
+    import ui.main_window
+
+    opened_with = window.settings
+    monkeypatch.setattr(ui.main_window.SettingsDialog, "ask",
+                        classmethod(lambda cls, parent, settings, data_dir: dc_replace(opened_with, top_p=0.5)))
+    window.settings = dc_replace(window.settings, model_id="another-model")  # a switch finished meanwhile
+    window.open_settings()
+    assert window.settings.model_id == "another-model" and window.settings.top_p == 0.5
