@@ -75,6 +75,8 @@ class ChatHeader(QWidget):
         super().__init__(parent, objectName="chatHeader")
         self.setAttribute(Qt.WidgetAttribute.WA_StyledBackground, True)
         self.editable = False
+        self.chat: str | None = None
+        """The id of the chat whose title is shown (None: a new chat)."""
         self.current_model = ""
         self.title = TitleLabel()
         self.title.setAccessibleName("Chat title")
@@ -112,12 +114,15 @@ class ChatHeader(QWidget):
         self.set_title(NEW_CHAT, editable=False)
 
     # --- title ---------------------------------------------------------------------------------------
-    def set_title(self, title: str, editable: bool = True) -> None:
-        """Show `title`; `editable`: a saved chat (a new, empty one has nothing to rename yet)."""
-        self.editable = editable
+    def set_title(self, title: str, editable: bool = True, chat: str | None = None) -> None:
+        """Show `title` of chat `chat`; `editable`: a saved chat (a new, empty one has nothing to rename yet).
+        A rename being typed for the same chat stays open (the chat list refreshing, e.g. when a reply
+        finishes, must not save half a title); another chat's title cancels it."""
+        if self.title_stack.currentWidget() is self.title_edit and (chat != self.chat or not editable):
+            self.cancel_rename()
+        self.editable, self.chat = editable, chat
         self.title.set_full(title or NEW_CHAT)
         self.title.setToolTip(f"{title} — double-click to rename" if editable else title)
-        self.title_stack.setCurrentWidget(self.title)
 
     def start_rename(self) -> None:
         if not self.editable:
@@ -245,7 +250,7 @@ class ShellActions:
     def refresh_header(self, *_args) -> None:
         c = self.controller
         cid = c.current
-        self.header.set_title(c.title(cid) if cid else NEW_CHAT, editable=cid is not None)
+        self.header.set_title(c.title(cid) if cid else NEW_CHAT, editable=cid is not None, chat=cid)
         chat = self.current_chat_settings()
         self.header.set_summary(settings_summary(chat) if chat else "")
 

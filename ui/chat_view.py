@@ -154,6 +154,8 @@ class ChatView(QScrollArea):
         branches = branches or {}
         self.live_id = getattr(live, "message_id", None)
         last_assistant = max((m.id for m in messages if m.role == "assistant"), default=None)
+        # Retry asks the branch's last question again: only its reply (the last row) offers it
+        last_reply = messages[-1].id if messages and messages[-1].role == "assistant" else None
         last_failed = next((m.id for m in reversed(messages) if failed(m)), None)
         ids = [m.id for m in messages]
         if self.live_id is not None and self.live_id not in ids:  # an alternative streams after the shown reply
@@ -172,6 +174,7 @@ class ChatView(QScrollArea):
                        regenerate=m.role == "assistant" and m.id == last_assistant and not busy and done,
                        think=reasoned and can_reason and not busy and done,
                        details=m.role == "assistant" and done, delete=can_delete and not busy and done)
+            card.retry_button.setVisible(m.id == last_reply)
             card.retry_button.setEnabled(not busy)
             card.set_branch(branches.get(m.id))
         if ids != self.order:

@@ -286,17 +286,23 @@ def _math_block_rule(self, tokens, idx, options, env: _Env) -> str:
     return env.display(tok.content.strip(), f"{tok.markup}{tok.content}{closing}")
 
 
+def _href(url: str) -> str:
+    """The href attribute of a link written in a message; none for Ponder's own schemes (`ponder:…`): only the
+    renderer's Copy links may carry those, so a link in a message never looks like an app action."""
+    if url.strip().lower().startswith("ponder"):
+        return ""
+    return f' href="{attr(url)}"'
+
+
 def _image(self, tokens, idx, options, env: _Env) -> str:
     """No remote (or local) images are loaded: the picture is shown as a link to where it is."""
     tok = tokens[idx]
     alt = self.renderInline(tok.children or [], options, env) or "image"
-    src = attr(tok.attrGet("src") or "")
-    return f'<a href="{src}" style="color:{env.colours["link"]}">[image: {alt}]</a>'
+    return f'<a{_href(tok.attrGet("src") or "")} style="color:{env.colours["link"]}">[image: {alt}]</a>'
 
 
 def _link_open(self, tokens, idx, options, env: _Env) -> str:
-    href = attr(tokens[idx].attrGet("href") or "")
-    return f'<a href="{href}" style="color:{env.colours["link"]}">'
+    return f'<a{_href(tokens[idx].attrGet("href") or "")} style="color:{env.colours["link"]}">'
 
 
 def _table_open(self, tokens, idx, options, env: _Env) -> str:

@@ -198,9 +198,11 @@ class MessageCard(QFrame):
         return box
 
     def _link(self, url: str) -> None:
-        verb, *args = url.removeprefix("ponder:").split("/")
-        if url.startswith("ponder:"):
-            self.action.emit(verb, args)
+        """A link clicked in the rendered text: only the renderer's Copy link of one of this card's code blocks
+        does something; a link written in a message never runs an action (those come from the buttons)."""
+        key = url.removeprefix("ponder:copycode/")
+        if url.startswith("ponder:copycode/") and key in self.code_blocks:
+            self.action.emit("copycode", [key])
 
     def changeEvent(self, event) -> None:
         super().changeEvent(event)

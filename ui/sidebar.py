@@ -13,6 +13,7 @@ from PySide6.QtCore import QRect, QSize, Qt, Signal
 from PySide6.QtGui import QFont, QPalette
 from PySide6.QtWidgets import (
     QAbstractItemView,
+    QApplication,
     QLineEdit,
     QListView,
     QListWidget,
@@ -112,7 +113,10 @@ class Sidebar(QWidget):
         layout.addWidget(self.list, 1)
         self.new_button.clicked.connect(self.newRequested)
         self.search.textChanged.connect(self.searchChanged)
-        self.list.itemClicked.connect(lambda item: self.selected.emit(item.data(Qt.ItemDataRole.UserRole)))
+        self._clicked: tuple[str | None, float] = (None, 0.0)
+        """The chat last opened by a click, and when (monotonic s)."""
+        self.list.itemClicked.connect(self._clicked_item)
+        self.list.itemActivated.connect(self._activated)
         self.list.customContextMenuRequested.connect(self._menu)
 
     def show_conversations(self, conversations: list[dict], current: str | None, now: float | None = None) -> None:
@@ -129,6 +133,20 @@ class Sidebar(QWidget):
             self.list.addItem(item)
             if c["id"] == current:
                 self.list.setCurrentItem(item)
+
+    def _clicked_item(self, item: QListWidgetItem) -> None:
+        cid = item.data(Qt.ItemDataRole.UserRole)
+        self._clicked = (cid, time.monotonic())
+        self.selected.emit(cid)
+
+    def _activated(self, item: QListWidgetItem) -> None:
+        """Return/Enter on the highlighted chat opens it; the activation that comes with a click (a double
+        click, or a style that activates on one click) does not open it a second time."""
+        cid = item.data(Qt.ItemDataRole.UserRole)
+        last, at = self._clicked
+        if cid == last and time.monotonic() - at < QApplication.doubleClickInterval() / 1000:
+            return
+        self.selected.emit(cid)
 
     def select(self, cid: str | None) -> None:
         """Highlight chat `cid` (none for a new chat) without rebuilding the list."""

@@ -110,6 +110,30 @@ def test_the_title_renames_in_place(window, loop):
     assert window.controller.title(cid) == "Moon distance" and header.title.full == "Moon distance"
 
 
+def test_a_rename_being_typed_survives_a_reply_finishing(window, loop):
+    send(window, loop, "How far is the Moon?")
+    cid = window.controller.current
+    header = window.header
+    window.show()
+    window.windowHandle().requestActivate()  # focus is real: leaving the editor would finish the rename
+    assert QTest.qWaitForWindowActive(window.windowHandle(), 5000)
+    QTest.mouseDClick(header.title, Qt.MouseButton.LeftButton)
+    header.title_edit.setText("Moon dis")
+    window.composer.input.setPlainText("And the Sun?")
+    window.composer.send_button.click()  # a reply finishes: the chat list and the header refresh
+    wait_idle(window, loop)
+    assert header.title_stack.currentWidget() is header.title_edit and header.title_edit.text() == "Moon dis"
+    assert window.controller.title(cid) == "How far is the Moon?"  # half a title is not saved
+    QTest.keyClicks(header.title_edit, "tance")
+    QTest.keyClick(header.title_edit, Qt.Key.Key_Return)
+    assert window.controller.title(cid) == "Moon distance" and header.title.full == "Moon distance"
+    QTest.mouseDClick(header.title, Qt.MouseButton.LeftButton)
+    header.title_edit.setText("Not for the new chat")
+    window.new_chat()  # another chat: the rename is dropped, not saved on either chat
+    assert header.title_stack.currentWidget() is header.title and header.title.full == "New chat"
+    assert window.controller.title(cid) == "Moon distance"
+
+
 # --- chat settings ---------------------------------------------------------------------------------------
 def test_chat_settings_are_saved_and_restored_when_the_chat_is_reopened(window, loop, qtbot, tmp_path, monkeypatch):
     send(window, loop, "What is a prime?")

@@ -4,7 +4,7 @@ hover buttons with accessible names emitting their verbs, ‹ n/m ›, the error
 the window streaming a long answer from the scripted engine while the user has text selected."""
 import time
 
-from PySide6.QtCore import QEvent, QPointF
+from PySide6.QtCore import QEvent, QPointF, QUrl
 from PySide6.QtGui import QEnterEvent, QTextCursor
 from PySide6.QtWidgets import QApplication
 
@@ -98,6 +98,21 @@ def test_math_and_code_render_through_the_card(qtbot):
     assert got.args == ["copycode", [key]]
 
 
+def test_links_in_a_message_never_run_an_action(qtbot):
+    trap = "[again](ponder:regenerate/2) [gone](ponder:delete/1) [edit](ponder:edit/999) [pick](ponder:pick/2/0)"
+    view = view_with(qtbot, [msg(1, "user", trap), msg(2, "assistant", f"{trap}\n\n```\nx = 1\n```")])
+    got = []
+    view.action.connect(lambda verb, args: got.append((verb, args)))
+    for mid in (1, 2):
+        for url in ("ponder:regenerate/2", "ponder:delete/1", "ponder:edit/999", "ponder:pick/2/0",
+                    "ponder:branch/2/+1", "ponder:copycode/nope", "https://example.com"):
+            view.card(mid).content.anchorClicked.emit(QUrl(url))  # as a click on such a link would
+    assert got == []
+    key = next(iter(view.card(2).code_blocks))
+    view.card(2).content.anchorClicked.emit(QUrl(f"ponder:copycode/{key}"))  # the code block's own Copy link
+    assert got == [("copycode", [key])]
+
+
 def test_a_finished_trace_is_typeset_and_a_live_one_grows_as_text(qtbot):
     trace = "Half of $\\frac{16}{2}$ is **8**, and <b>a tag</b> stays text."
     meta = {"route": {"reason": True}, "thinking_tokens": 20, "budget": 64}
@@ -170,6 +185,19 @@ def test_a_failed_reply_is_an_error_card_with_retry(qtbot):
     view.render([msg(1, "user", "Q"), msg(2, "assistant", "Par", status="cancelled",
                                           meta={"finish_reason": "cancelled"})])
     assert not card.error.isVisibleTo(card) and "Stopped." in view.toPlainText()
+
+
+def test_only_the_last_reply_offers_retry(qtbot):
+    """Retry asks the branch's last question again: an older failed reply shows its error without Retry."""
+    history = [msg(1, "user", "Q1"), msg(2, "assistant", "Par", status="error"), msg(3, "user", "Q2"),
+               msg(4, "assistant", "A2", meta={"finish_reason": "stop"})]
+    view = view_with(qtbot, history)
+    old = view.card(2)
+    assert old.error.isVisibleTo(old) and not old.retry_button.isVisibleTo(old)
+    view.render([*history[:3], msg(4, "assistant", "A", status="error")])
+    assert view.card(4).retry_button.isVisibleTo(view.card(4)) and not old.retry_button.isVisibleTo(old)
+    view.render(history[:2])  # the older reply is the last one again (another branch shown)
+    assert old.retry_button.isVisibleTo(old)
 
 
 def test_parallel_answers_stream_as_one_row_each_with_phase_and_tokens(qtbot):

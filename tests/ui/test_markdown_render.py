@@ -207,6 +207,17 @@ def test_markdown_structure():
     assert "quoted" in doc.toPlainText()
 
 
+def test_links_written_in_a_message_never_carry_the_apps_own_scheme():
+    r = render_markdown("[again](ponder:regenerate/1) ![pic](PONDER:delete/2) <ponder:edit/999> "
+                        "[copy](ponder:copycode/m1-0) [site](https://example.com)\n\n```\ncode\n```\n",
+                        key_prefix="m1-")
+    doc = document(r)
+    hrefs = anchors(doc)
+    assert "https://example.com" in hrefs  # web links stay links
+    assert [h for h in hrefs if h.lower().startswith("ponder")] == ["ponder:copycode/m1-0"]  # the code's Copy only
+    assert "again" in doc.toPlainText() and "[image: pic]" in doc.toPlainText()  # the text stays
+
+
 def test_dark_changes_code_and_math_colours():
     src = "```python\ndef f():\n    return 1\n```\n\n$x^2 + y^2$"
     light, dark = render_markdown(src), render_markdown(src, dark=True)

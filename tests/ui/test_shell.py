@@ -174,6 +174,37 @@ def test_sidebar_elides_long_titles_without_a_horizontal_scrollbar(qtbot):
     assert lst.item(0).toolTip() == long  # the whole title on hover
 
 
+def test_a_chat_opens_from_the_keyboard_and_once_per_click(qtbot):
+    bar = Sidebar()
+    qtbot.addWidget(bar)
+    bar.show()
+    qtbot.waitExposed(bar)
+    now = time.time()
+    bar.show_conversations([{"id": "a", "title": "First", "updated": now},
+                            {"id": "b", "title": "Second", "updated": now - 60}], "a")
+    opened = []
+    bar.selected.connect(opened.append)
+    lst = bar.list
+    lst.setFocus()
+    QTest.keyClick(lst, Qt.Key.Key_Down)  # the highlight moves; nothing opens yet
+    assert lst.currentItem().text() == "Second" and opened == []
+    QTest.keyClick(lst, Qt.Key.Key_Return)
+    assert opened == ["b"]
+    QTest.keyClick(lst, Qt.Key.Key_Up)
+    QTest.keyClick(lst, Qt.Key.Key_Enter)
+    assert opened == ["b", "a"]
+    opened.clear()
+    QTest.mouseClick(lst.viewport(), Qt.MouseButton.LeftButton, pos=lst.visualItemRect(lst.item(1)).center())
+    assert opened == ["b"]
+    QTest.qWait(QApplication.doubleClickInterval() + 50)
+    opened.clear()
+    first = lst.visualItemRect(lst.item(0)).center()
+    with qtbot.waitSignal(lst.itemActivated):  # a double click: a click, then the second press activates
+        QTest.mouseClick(lst.viewport(), Qt.MouseButton.LeftButton, pos=first)
+        QTest.mouseDClick(lst.viewport(), Qt.MouseButton.LeftButton, pos=first)
+    assert opened == ["a"]  # it opens once
+
+
 def test_pinning_from_the_context_menu_moves_the_chat_on_top(window, loop):
     for question in ("first question", "second question", "third question"):
         window.new_chat()
