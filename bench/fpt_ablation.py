@@ -9,7 +9,12 @@ from the bf16 weights:
 - `w4 + grid T + gptq`: the shipped W4-FPT (what `ponder quantize` makes);
 - `w4 + trained T + gptq`: the trained transforms under GPTQ;
 - `w4 LM head only` / `w4 layers only`: round to nearest on the LM head alone or on the decoder layers alone (the
-  rest bf16): which share of W4's KL the head carries, where none of the layer transforms reach.
+  rest bf16): which share of W4's KL the head carries, where none of the layer transforms reach;
+- `w4 LM head only + head scale`: the head alone again, after an AWQ-style input scale on it (final norm weight ÷ c,
+  head columns × c, exact in float; c = a^α, a the final states' mean |x| per channel on the calibration texts, α
+  by the rounded head's KL on them): what the one transform that reaches the head can do there;
+- `w4 + rotation`: the residual rotation of `models.fpt` (randomised Hadamard, norms folded, seed 0), then round
+  to nearest everywhere (implemented, off by default).
 Per row: perplexity, top-1 agreement and mean KL against bf16 on `ponder bench quant`'s held text (GSM8K train
 solutions 1000-1039, MATH train 1000-1019, Alpaca 0-39; the transforms and GPTQ see GSM8K/MATH train rows
 3000-3031), and the share of W4's KL gap each closes. `--gsm8k-dev N` also answers the dev split (GSM8K train rows
@@ -34,21 +39,67 @@ from bench.quant_fidelity import compare, log_probs
 from core.config import EngineConfig
 from core.loading import GPTQ_TOKENS, calibration_batches, load_plain, load_tokenizer, set_threads, shipped_fpt_spec
 from core.storage.model_store import ModelStore
-from models.fpt import FptSpec, apply_fpt
-from models.fpt_calibration import quantize_w4_fpt
+from models.fpt import FptSpec, apply_fpt, random_rotation
+from models.fpt_calibration import _normalised, fake_int4, quantize_w4_fpt
 from models.quantization import quantize_model
 
 ROWS = ("w4", "w4 + grid T", "w4 + trained T", "w4 + gptq", "w4 + grid T + gptq", "w4 + trained T + gptq",
-        "w4 LM head only", "w4 layers only")
-PARTS = {"w4 LM head only": (None, 4), "w4 layers only": (4, None)}
+        "w4 LM head only", "w4 layers only", "w4 LM head only + head scale", "w4 + rotation")
+PARTS = {"w4 LM head only": (None, 4), "w4 layers only": (4, None), "w4 LM head only + head scale": (None, 4)}
 """Rows rounding one part only: (decoder layers' bits, LM head's bits), None = bf16."""
+
+
+HEAD_ALPHAS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8)
+
+
+@torch.no_grad()
+def head_scale(model, batches: list[torch.Tensor], group: int = 128, tokens: int = 3000,
+               seed: int = 0) -> tuple[torch.Tensor, float]:
+    """(c, α): the LM head's input scale c = a^α (geometric mean 1), a the final normed states' mean |x| per
+    channel over `tokens` calibration positions, α the one whose int4-rounded head W·diag(c), fed x / c, has the
+    lowest KL to the float head there (α = 0 is no scale)."""
+    states = torch.cat([model.model(input_ids=b.view(1, -1)).last_hidden_state[0, 1:].float() for b in batches])
+    states = states[torch.randperm(len(states), generator=torch.Generator().manual_seed(seed))[:tokens]]
+    w = model.lm_head.weight.float()
+    saliency = states.abs().mean(0).clamp(min=1e-6)
+
+    def kl(c: torch.Tensor) -> float:
+        wq, total = fake_int4(w * c, group), 0.0
+        for i in range(0, len(states), 512):
+            ref = torch.log_softmax(states[i:i + 512] @ w.t(), -1)
+            got = torch.log_softmax((states[i:i + 512] / c) @ wq.t(), -1)
+            total += float((ref.exp() * (ref - got)).sum())
+        return total / len(states)
+
+    scored = {a: kl(_normalised(saliency ** a)) for a in HEAD_ALPHAS}
+    alpha = min(scored, key=scored.get)
+    return _normalised(saliency ** alpha), alpha
+
+
+@torch.no_grad()
+def scale_head_input(model, c: torch.Tensor) -> None:
+    """Final norm weight ÷ c, LM head columns × c, in place (a tied head is untied first): exact in float."""
+    norm, head = model.model.norm, model.lm_head
+    if head.weight is model.model.embed_tokens.weight:
+        head.weight = torch.nn.Parameter(head.weight.detach().clone(), requires_grad=False)
+    norm.weight.copy_((norm.weight.float() / c).to(norm.weight.dtype))
+    head.weight.copy_((head.weight.float() * c).to(head.weight.dtype))
 
 
 def build(row: str, hf_dir: Path, specs: dict[str, FptSpec | None]):
     """The quantized model of one row, from a fresh bf16 copy of the weights."""
     plain = load_plain(hf_dir, torch.bfloat16)
+    if row == "w4 LM head only + head scale":
+        c, alpha = head_scale(plain, calibration_batches(hf_dir))
+        scale_head_input(plain, c)
+        plain.ponder_head_alpha = alpha
+    if row == "w4 + rotation":
+        spec = FptSpec.identity(plain.config)
+        spec.rotation = random_rotation(plain.config.hidden_size, seed=0)
+        apply_fpt(plain.float(), spec)
+        return quantize_model(plain, 4, 4, 128)
     if row in PARTS:
-        return quantize_model(plain, *PARTS[row], 128)
+        return quantize_model(plain, *PARTS[row], 128)  # in place: a head scale's α stays on the model
     kind = "trained" if "trained" in row else "grid" if "grid" in row else None
     spec = specs.get(kind) if kind else None
     if "gptq" in row:
@@ -119,6 +170,8 @@ def main(argv=None) -> int:
         model = build(row, installed.hf_dir, specs)
         report["rows"][row] = {**compare(ref, log_probs(model, "bf16", rows), rows),
                                "seconds": round(time.perf_counter() - t, 1), "date": time.strftime("%Y-%m-%d")}
+        if hasattr(model, "ponder_head_alpha"):
+            report["rows"][row]["head_alpha"] = model.ponder_head_alpha
         if args.gsm8k_dev:
             slug = row.replace(" + ", "+").replace(" ", "_")
             report["rows"][row].update(dev_gsm8k(model, tokenizer, installed.id, args.gsm8k_dev,

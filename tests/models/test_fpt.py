@@ -151,3 +151,19 @@ def test_inverse_transform_returns_the_original_lora_factors():
     state = {k: v.clone() for k, v in model.state_dict().items() if "lora_" in k}
     back = transform_lora_state(transform_lora_state(state, spec, model.config), spec, model.config, inverse=True)
     assert all(torch.allclose(back[k], state[k], atol=1e-5) for k in state)
+
+
+def test_head_input_scale_is_exact_in_float_and_its_alpha_comes_from_the_grid():
+    """bench.fpt_ablation's LM-head input scale (final norm ÷ c, head columns × c) keeps the float model's logits;
+    its α is chosen by the rounded head's KL on the states it was fitted on, and α = 0 (no scale) is a candidate."""
+    from bench.fpt_ablation import head_scale, scale_head_input
+
+    ids = torch.randint(5, 440, (1, 24))
+    model = float_model()
+    ref = run(model, ids).logits
+    batches = [torch.randint(5, 440, (40,)) for _ in range(3)]
+    c, alpha = head_scale(model, batches, group=32, tokens=100)
+    assert c.shape == (model.config.hidden_size,) and abs(float(c.log().mean())) < 1e-5
+    scale_head_input(model, torch.exp(torch.randn(model.config.hidden_size) * 0.5))
+    assert torch.allclose(run(model, ids).logits, ref, atol=2e-4, rtol=1e-4)
+    assert alpha in (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8)
