@@ -104,9 +104,13 @@ def main(argv: list[str] | None = None) -> int:
         from .self_test import main as self_test
 
         return self_test()
-    from .cli import run_cli
+    try:
+        from .cli import run_cli
 
-    return run_cli(argv)
+        return run_cli(argv)
+    except KeyboardInterrupt:  # Ctrl+C while a command imports, loads or runs: no traceback
+        print("ponder: interrupted", file=sys.stderr, flush=True)
+        return 130
 
 
 if __name__ == "__main__":

@@ -2,9 +2,12 @@
 
 The child owns the model, so a crash there cannot take the window down. A reader thread turns each stdout
 line that is a JSON object into an `on_event` call; another keeps the last lines of stderr for the final
-{"event": "exited", "returncode", "stderr_tail"} event. `stop()` is graceful and portable: it writes the run
-folder's STOP file (the trainer checks it after every step) and, where there is one, sends SIGTERM; on Windows
-that would be TerminateProcess, so there the STOP file alone asks for the stop. `kill()` ends it at once.
+{"event": "exited", "returncode", "stderr_tail", "stop_requested"} event. `stop()` is graceful and portable: it
+writes the run folder's STOP file (the trainer checks it after every step) and, where there is one, sends SIGTERM;
+on Windows that would be TerminateProcess, so there the STOP file alone asks for the stop. `kill()` ends it at once.
+A stop asked for before the child has set up its handlers (still importing) ends it with a non-zero code:
+`stop_requested` says the user asked for that end, so it is a pause or a cancel, not a crash. This side owns the
+STOP file: it is removed before a start and after the exit, never by the child while it starts.
 """
 from __future__ import annotations
 
@@ -43,11 +46,12 @@ class TrainingJob:
         self._stderr: collections.deque[str] = collections.deque(maxlen=40)
         self._threads: list[threading.Thread] = []
         self._done = threading.Event()
+        self.stop_requested = False
 
     def start(self) -> None:
         if self._proc is not None:
             raise RuntimeError("this training job was already started")
-        if self.run_dir is not None:
+        if self.run_dir is not None:  # an earlier run's request; the child leaves the file alone while it starts
             (self.run_dir / STOP_FILE).unlink(missing_ok=True)
         env = dict(os.environ if self.env is None else self.env)
         env.setdefault("PYTHONUNBUFFERED", "1")
@@ -75,8 +79,18 @@ class TrainingJob:
                 self._emit(event)
         rc = proc.wait()
         self._threads[1].join(timeout=5)
-        self._emit({"event": "exited", "returncode": rc, "stderr_tail": "".join(self._stderr).strip()})
+        self._clear_stop_file()  # the request ended with the process: a later run must not stop at once
+        self._emit({"event": "exited", "returncode": rc, "stderr_tail": "".join(self._stderr).strip(),
+                    "stop_requested": self.stop_requested})
         self._done.set()
+
+    def _clear_stop_file(self) -> None:
+        """Remove a STOP file the process did not live to honour (e.g. SIGTERM while it was still importing)."""
+        if self.run_dir is not None:
+            try:
+                (self.run_dir / STOP_FILE).unlink(missing_ok=True)
+            except OSError as err:
+                self._stderr.append(f"could not remove {self.run_dir / STOP_FILE}: {err}\n")
 
     def _read_stderr(self) -> None:
         for line in self._proc.stderr:
@@ -90,6 +104,7 @@ class TrainingJob:
 
     def stop(self) -> None:
         """Stop after the current step with a resumable checkpoint (pause or cancel)."""
+        self.stop_requested = True
         if self.run_dir is not None:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / STOP_FILE).touch()

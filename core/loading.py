@@ -25,7 +25,7 @@ from core.sparse import caprese, cats
 from core.storage.model_store import InstalledModel, ModelStore
 from core.storage.paths import resource_dir
 from models.convert import AtomicDir
-from models.errors import CorruptModelFile
+from models.errors import CorruptModelFile, DiskFull
 from models.fpt import fpt_of, transform_head
 from models.fpt_calibration import quantize_w4_fpt
 from models.quantization import GROUP_SIZE, quantize_model
@@ -86,8 +86,11 @@ def weights_status(model: InstalledModel, cfg: EngineConfig) -> tuple[str, str]:
     return label, detail
 
 
-def load_model(model: InstalledModel, cfg: EngineConfig, progress: Progress | None = None, rebuild: bool = False):
-    """The torch model for `cfg.precision`, quantizing and saving it the first time (or again with `rebuild`)."""
+def load_model(model: InstalledModel, cfg: EngineConfig, progress: Progress | None = None, rebuild: bool = False,
+               warnings: list[str] | None = None):
+    """The torch model for `cfg.precision`, quantizing and saving it the first time (or again with `rebuild`).
+    With `warnings` (user-visible), a disk too full to save the prepared weights is not fatal: the quantized model
+    is used from memory and a note is added; without it (`ponder quantize`), DiskFull is raised."""
     if cfg.precision in ("fp32", "bf16"):
         return load_plain(model.hf_dir, torch.float32 if cfg.precision == "fp32" else torch.bfloat16)
     bits = 8 if cfg.precision == "w8" else 4
@@ -109,8 +112,16 @@ def load_model(model: InstalledModel, cfg: EngineConfig, progress: Progress | No
                                  spec=shipped_fpt_spec(model), gptq_tokens=GPTQ_TOKENS)
     else:
         qmodel = quantize_model(plain, bits, cfg.head_bits, cfg.group_size)
-    with AtomicDir(qdir) as tmp:
-        save_quantized(qmodel, tmp, bits, cfg.head_bits, cfg.group_size)
+    try:
+        with AtomicDir(qdir) as tmp:
+            save_quantized(qmodel, tmp, bits, cfg.head_bits, cfg.group_size)
+    except DiskFull as err:
+        if warnings is None:
+            raise
+        log.warning("%s", err)
+        warnings.append(f"The prepared {PRECISION_LABELS[cfg.precision]} weights could not be saved: the disk is "
+                        "full. They are used from memory now and will be prepared again next time; free some disk "
+                        "space to keep them.")
     if progress:
         progress("quantize", 1, 1)
     return qmodel
@@ -310,12 +321,13 @@ def load_engine(cfg: EngineConfig | None = None, store: ModelStore | None = None
     store.check_fits(installed.spec, cfg.precision, cfg.kv, cfg.context)
     set_threads(cfg.threads)
     tokenizer = load_tokenizer(installed.hf_dir)
-    model = load_model(installed, cfg, progress)
+    warnings: list[str] = []
+    model = load_model(installed, cfg, progress, warnings=warnings)
     engine = Engine(model, tokenizer, model_id=cfg.model_id, precision=cfg.precision, kv=cfg.kv, context=cfg.context,
                     decode=cfg.decode, ff_keep=cfg.ff_keep, ff_reselect=cfg.ff_reselect, ff_decay=cfg.ff_decay,
                     prompt_cache=PromptCache(cfg.prompt_cache_tokens) if cfg.prompt_cache_tokens > 0 else None)
     engine.base_fingerprint = adapters.base_fingerprint(installed.hf_dir)
-    engine.warnings = warnings = []  # type: list[str]
+    engine.warnings = warnings
     if reasoning:
         attach_reasoning(engine, _reasoning_cards(installed, store, cfg.reasoning_adapter, warnings), warnings)
         engine.router = load_component(installed, "switcher", Router.load, warnings)

@@ -10,11 +10,12 @@ import json
 import os
 import re
 import shutil
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from .errors import CorruptModelFile, DiskFull, MissingTokenizer, ModelError, UnsafeWeights, UnsupportedArchitecture
-from .gguf_file import inspect_gguf, is_disk_full
+from .gguf_file import DISK_FULL_ERRNOS, inspect_gguf, is_disk_full
 
 Progress = Callable[[str, int, int], None]
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json",
@@ -28,6 +29,18 @@ def _no_progress(stage: str, done: int, total: int) -> None:
 
 
 BACKUP_RE = re.compile(r"\.(?P<name>.+)\.old-(?P<pid>\d+)")
+TEMP_RE = re.compile(r"\.(?P<name>.+)\.tmp-(?P<pid>\d+)")
+OS_ERROR = re.compile(r"\(os error (\d+)\)")
+WINDOWS_DISK_FULL = {39, 112}  # ERROR_HANDLE_DISK_FULL, ERROR_DISK_FULL
+
+
+def disk_full(err: BaseException) -> bool:
+    """A full disk: an OSError, or a native library's write error carrying the code (safetensors raises
+    "Error while serializing: I/O error: No space left on device (os error 28)", not an OSError)."""
+    if isinstance(err, OSError):
+        return is_disk_full(err)
+    m = OS_ERROR.search(str(err)) if isinstance(err, Exception) else None
+    return bool(m) and int(m[1]) in (WINDOWS_DISK_FULL if sys.platform == "win32" else DISK_FULL_ERRNOS)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -46,7 +59,8 @@ def recover_backups(parent: Path, name: str | None = None) -> list[Path]:
         return restored
     for backup in parent.iterdir():
         m = BACKUP_RE.fullmatch(backup.name)
-        if not m or (name is not None and m["name"] != name) or not backup.is_dir() or _pid_alive(int(m["pid"])):
+        if (not m or (name is not None and m["name"] != name) or backup.is_symlink() or not backup.is_dir()
+                or _pid_alive(int(m["pid"]))):
             continue
         target = parent / m["name"]
         if target.exists():
@@ -57,11 +71,32 @@ def recover_backups(parent: Path, name: str | None = None) -> list[Path]:
     return restored
 
 
+def remove_stale_temps(parent: Path, pattern: re.Pattern = TEMP_RE, name: str | None = None) -> list[Path]:
+    """Delete each folder directly in `parent` whose name fits `pattern` (with a `pid` group; `name`'s only, if
+    given) and whose process is gone: what a killed write left half done. A live process's folders (this one's
+    included: another thread may be writing), links and files are left alone. Returns the folders removed."""
+    removed = []
+    parent = Path(parent)
+    if not parent.is_dir() or parent.is_symlink():
+        return removed
+    for entry in parent.iterdir():
+        m = pattern.fullmatch(entry.name)
+        if not m or (name is not None and m["name"] != name) or entry.is_symlink() or not entry.is_dir():
+            continue
+        pid = int(m["pid"])
+        if pid == os.getpid() or _pid_alive(pid):
+            continue
+        shutil.rmtree(entry, ignore_errors=True)  # never follows a link inside the folder
+        removed.append(entry)
+    return removed
+
+
 class AtomicDir:
     """Context manager yielding a temporary folder that replaces `final` on success and vanishes on failure.
 
     Replacing never deletes first: the old folder is renamed to a backup, the new one renamed into place, then
-    the backup is removed. A crash between the renames leaves the backup, which `recover_backups` puts back.
+    the backup is removed. A crash between the renames leaves the backup, which `recover_backups` puts back; a
+    write killed midway leaves the temporary folder, which `remove_stale_temps` deletes.
     """
 
     def __init__(self, final: Path):
@@ -72,6 +107,7 @@ class AtomicDir:
     def __enter__(self) -> Path:
         self.final.parent.mkdir(parents=True, exist_ok=True)
         recover_backups(self.final.parent, self.final.name)
+        remove_stale_temps(self.final.parent, name=self.final.name)
         shutil.rmtree(self.tmp, ignore_errors=True)
         self.tmp.mkdir()
         return self.tmp
@@ -101,7 +137,7 @@ class AtomicDir:
                     raise DiskFull(f"Ran out of disk space writing {self.final}.") from err
                 raise
         shutil.rmtree(self.tmp, ignore_errors=True)
-        if isinstance(exc, OSError) and is_disk_full(exc):
+        if exc is not None and disk_full(exc):
             raise DiskFull(f"Ran out of disk space while writing {self.final}; nothing was kept.") from exc
         return False
 

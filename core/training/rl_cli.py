@@ -76,7 +76,6 @@ def main(argv=None, store: ModelStore | None = None) -> int:
         else:
             args = args_from_cli(a)
             rd.start_fresh(asdict(args))
-        rd.clear_stop()
         rd.stop_on_signals()
         run(args, rd, store=store, resume=a.resume)
     except Exception as err:

@@ -353,7 +353,6 @@ def main(argv=None, store: ModelStore | None = None) -> int:
             args = args_from_cli(a)
             if not a.estimate:
                 rd.start_fresh(asdict(args))
-        rd.clear_stop()
         rd.stop_on_signals()
         run(args, rd, store=store, resume=a.resume, estimate=a.estimate)
     except Exception as err:

@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -70,3 +72,25 @@ def test_setup_reports_how_long_each_stage_took():
     bar.close()
     assert list(bar.seconds) == ["convert", "quantize"]
     assert 0.11 <= bar.seconds["convert"] < 0.5 and 0.025 <= bar.seconds["quantize"] < 0.3
+
+
+CTRL_C_WHILE_LOADING = """
+import os, signal, sys, time, types
+fake = types.ModuleType("app.cli")
+def run_cli(argv):  # Ctrl+C while `ponder ask` loads the model
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(30)
+fake.run_cli = run_cli
+sys.modules["app.cli"] = fake
+from app.main import main
+raise SystemExit(main(["ask", "hello"]))
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="a real SIGINT to itself")
+def test_ctrl_c_in_a_command_says_interrupted_without_a_traceback(tmp_path):
+    env = {**os.environ, "PONDER_HOME": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", CTRL_C_WHILE_LOADING], capture_output=True, text=True, cwd=ROOT,
+                         env=env, timeout=120)
+    assert out.returncode == 130, out.stderr
+    assert out.stderr.strip() == "ponder: interrupted" and "Traceback" not in out.stderr

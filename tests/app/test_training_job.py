@@ -2,6 +2,7 @@
 the adapter lands in the library; a stopped job resumes; a killed job leaves the library unchanged."""
 import json
 import os
+import sys
 import threading
 
 import pytest
@@ -100,3 +101,28 @@ def test_check_data_and_name_rule_for_the_wizard(tiny_store, tmp_path, data):
     assert validate_adapter_name("sql-helper") == "sql-helper"
     with pytest.raises(ValueError):
         validate_adapter_name("../x")
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGTERM is how the stop reaches the child on POSIX")
+def test_a_stop_while_the_child_still_starts_is_a_stop_not_a_crash(tmp_path, data):
+    """Stop pressed before the child has set up its handlers (still importing): SIGTERM ends it with -15; the exit
+    event says the user asked for it, and the unhonoured STOP file is gone, so a later run does not stop at once."""
+    job, rec = start(["--data", str(data), "--name", "early", "--steps", "3", *MODEL], tmp_path)
+    job.stop()
+    rc = job.wait(timeout=60)
+    assert rc is not None and rc != 0, rec.events
+    exited = rec.events[-1]
+    assert exited["event"] == "exited" and exited["stop_requested"] is True and exited["returncode"] == rc
+    assert not (tmp_path / "run" / "STOP").exists()
+
+
+def test_a_stop_file_written_while_the_child_starts_is_not_lost(tiny_store, tmp_path, data):
+    """Windows' stop is the STOP file alone: one written while the child still imports must not be cleared by it."""
+    job, rec = start(["--data", str(data), "--name", "early", "--steps", "6", *MODEL], tmp_path)
+    (tmp_path / "run").mkdir(exist_ok=True)
+    (tmp_path / "run" / "STOP").touch()  # what stop() does where there is no SIGTERM
+    assert job.wait(timeout=300) == 0, rec.events
+    kinds = rec.kinds()
+    assert "stopped" in kinds and "saved" not in kinds and kinds.count("progress") == 1
+    assert rec.wait_for("stopped")["step"] == 1 and not (tmp_path / "run" / "STOP").exists()
+    assert AdapterLibrary().list("tiny-qwen2", kind="skill") == []

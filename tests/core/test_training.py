@@ -226,3 +226,37 @@ def test_estimate_times_real_steps_leaves_out_the_first_and_saves_nothing(tiny_s
     assert estimate["event"] == "estimate" and estimate["seconds_per_step"] > 0
     assert estimate["total_s"] == pytest.approx(40 * estimate["seconds_per_step"], abs=0.5)  # both rounded
     assert not (tmp_path / "run" / "checkpoint").exists() and AdapterLibrary().list("tiny-qwen2") == []
+
+
+def test_a_log_that_cannot_be_written_is_said_once_and_the_real_error_still_reported(tmp_path, monkeypatch, capsys):
+    """A full disk under log.jsonl: every event is still printed, stderr says so once, and fail() reports the run's
+    own error instead of raising the log's; a closed stdout does not make fail() raise either."""
+    import errno
+    import io
+
+    from core.training import checkpoint
+    from core.training.checkpoint import RunDir
+
+    def full(file, mode="r", *args, **kwargs):
+        if str(file).endswith("log.jsonl") and "a" in mode:
+            raise OSError(errno.ENOSPC, "No space left on device", str(file))
+        return open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint, "open", full, raising=False)
+    out = io.StringIO()
+    rd = RunDir(tmp_path / "run", json_progress=True, out=out)
+    rd.emit({"event": "progress", "step": 1})
+    rd.emit({"event": "progress", "step": 2})
+    assert rd.fail(ValueError("the data has 2 problem(s)")) == 2
+    events = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [e["event"] for e in events] == ["progress", "progress", "error"]
+    assert events[-1]["message"] == "the data has 2 problem(s)"
+    err = capsys.readouterr().err
+    assert err.count("cannot write the training log") == 1 and "ponder: the data has 2 problem(s)" in err
+
+    class Closed(io.StringIO):
+        def write(self, text):
+            raise BrokenPipeError(errno.EPIPE, "Broken pipe")
+
+    assert RunDir(tmp_path / "closed", json_progress=True, out=Closed()).fail(RuntimeError("boom")) == 1
+    assert "ponder: boom" in capsys.readouterr().err

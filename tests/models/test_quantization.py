@@ -283,3 +283,30 @@ def test_without_bf16_arithmetic_prompts_stay_on_the_int4_kernel(monkeypatch):
     assert quantization.prefill_rows() == quantization.NEVER
     monkeypatch.setattr(quantization, "_native_bf16", lambda: True)
     assert quantization.prefill_rows() in (quantization.PREFILL_ROWS, quantization.PREFILL_ROWS_PONDER)
+
+
+def test_a_full_disk_when_saving_keeps_the_quantized_model_with_a_warning(tiny_store, monkeypatch, tmp_path):
+    """Quantized fine, then the disk fills up while saving: the engine runs on the model in memory and tells the
+    user the weights were not kept; `ponder quantize` (no warnings list) still fails with DiskFull."""
+    import errno
+
+    import core.loading
+    from core.loading import load_engine
+    from models.errors import DiskFull
+
+    def full(model, folder, *args, **kwargs):
+        (Path(folder) / "model.safetensors").write_bytes(b"x" * 1000)  # half written
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(core.loading, "save_quantized", full)
+    monkeypatch.setattr(core.loading, "resource_dir", lambda: tmp_path / "no-resources")
+    m = tiny_store.get("tiny-qwen2")
+    cfg = EngineConfig(model_id="tiny-qwen2", precision="w4", kv="int8", context=256)
+    engine = load_engine(cfg, tiny_store, reasoning=False)
+    assert type(engine.model.model.layers[0].mlp.up_proj).__name__ == "QLinear"
+    assert logits_of(engine.model, torch.randint(5, 300, (1, 4))).isfinite().all()
+    assert len(engine.warnings) == 1 and "could not be saved" in engine.warnings[0]
+    assert "prepared again next time" in engine.warnings[0]
+    assert sorted(p.name for p in m.folder.iterdir() if "w4" in p.name) == []  # nothing half-written kept
+    with pytest.raises(DiskFull):
+        load_model(m, cfg)

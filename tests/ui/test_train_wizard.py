@@ -3,6 +3,7 @@ listed with their lines (Next disabled), a clean file passes, the time estimate,
 cancel then resume, the adapter in the library and handed to on_use; a killed process leaves the library as it
 was and its checkpoint is offered for resuming, also when the wizard is opened again."""
 import json
+import sys
 
 import pytest
 from PySide6.QtWidgets import QWizard
@@ -245,3 +246,26 @@ def test_killed_training_leaves_the_library_unchanged_and_resumes(qtbot, make_wi
     assert panel2.state == "paused" and not panel2.running
     assert panel2.pause_button.text() == "Resume" and panel2.pause_button.isEnabled()
     assert w2.train_page.start_over.isVisible()
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGTERM is how the stop reaches the child on POSIX")
+def test_pause_pressed_while_the_process_starts_is_a_pause_not_a_crash(qtbot, ponder_home, tmp_path):
+    """Pause right after the start: the child dies of the SIGTERM before its handlers are set; that is the pause the
+    user asked for (no checkpoint yet: it can only start again), not a crash."""
+    from ui.wizard_run import RunPanel
+
+    data = write_jsonl(tmp_path / "good.jsonl", good_rows())
+    panel = RunPanel("progress", {"loss": "loss"})
+    qtbot.addWidget(panel)
+    panel.start(["train", "sft", "--data", str(data), "--name", "x", "--model-id", TINY_ID, "--json-progress"],
+                tmp_path / "run")
+    panel.stop("paused")
+    qtbot.waitUntil(lambda: panel.state != "running", timeout=TIMEOUT)
+    assert panel.events[-1]["returncode"] != 0
+    assert panel.state == "paused" and "first checkpoint" in panel.status.text(), panel.status.text()
+    assert not panel.stderr.isVisibleTo(panel)
+    assert panel.pause_button.text() == "Start again" and panel.pause_button.isEnabled()
+    panel.pause_button.click()  # starts the same run again
+    assert panel.state == "running" and panel.runner.running
+    panel.runner.kill()
+    qtbot.waitUntil(lambda: panel.state != "running", timeout=TIMEOUT)
