@@ -37,6 +37,8 @@ class ChatController(QObject):
     notice = Signal(str)
     sendFailed = Signal(str)
     """A question could not be saved (disk full, database locked): its text, to put back in the box."""
+    replyFailed = Signal(int, str)
+    """(message id, why): the reply in that row failed; emitted before the chat is redrawn."""
 
     def __init__(self, service, store: ChatStore):
         super().__init__()
@@ -390,6 +392,9 @@ class ChatController(QObject):
                 base_thinking: str) -> None:
         live, self._writer, self.live = self.live, None, None
         had_error, self._write_error = self._write_error, None
+        why = getattr(self.service, "request_error", None)
+        if answer is None and why and not self.service.stop_requested:
+            self.replyFailed.emit(writer.id, why)
         try:
             self._store_finished(cid, writer, answer, options, replaces, base_thinking)
         except sqlite3.Error as err:

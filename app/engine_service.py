@@ -63,6 +63,8 @@ class EngineService(QObject):
             self.worker.library = AdapterLibrary(store=store)
         self._cancel: threading.Event | None = None
         self.busy = False
+        self.request_error: str | None = None
+        """Why the last request (ask, think_longer) returned no answer: its own error, not another refusal's."""
 
     @property
     def _engine(self):
@@ -193,17 +195,16 @@ class EngineService(QObject):
         reply's), answer_max_tokens, sampling. The engine continues on the kept cache when it still holds that
         trace, and otherwise rebuilds it from the text."""
         if self._engine is not None and not self.can_reason:
-            self.failed.emit("Think longer needs the reasoning adapter, which is not loaded.")
-            return None
+            return self._request_failed("Think longer needs the reasoning adapter, which is not loaded.")
         return await self._submit("think_longer", (messages, thinking), options)
 
     async def _submit(self, kind: str, args: tuple, options: dict) -> Answer | None:
         if self._engine is None:
-            self.failed.emit("The model is not loaded yet.")
-            return None
+            return self._request_failed("The model is not loaded yet.")
         if self.busy:
             self.failed.emit("Already answering; stop the current answer first.")
             return None
+        self.request_error = None
         self._loop = asyncio.get_running_loop()
         self._cancel = threading.Event()
         self.busy = True
@@ -212,13 +213,17 @@ class EngineService(QObject):
             gen = self._generation(kind, args, options, self._cancel)
             answer = await asyncio.wrap_future(self.worker.generate(gen, self._on_event))
         except Exception as err:
-            self.failed.emit(str(err))
-            return None
+            return self._request_failed(str(err))
         finally:
             self.busy = False
             self.busyChanged.emit(False)
         self.answerFinished.emit(answer)
         return answer
+
+    def _request_failed(self, message: str) -> None:
+        """A request ends without an answer: its reason is kept for its reply (`request_error`) and shown."""
+        self.request_error = message
+        self.failed.emit(message)
 
     async def switch_model(self, model_id: str, reasoning_adapter: str | None = None) -> bool:
         """Unload the current model and load `model_id` (quantizing it once if needed) with library adapter

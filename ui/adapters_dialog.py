@@ -56,8 +56,10 @@ class ExportPathDialog:
 
 class AdapterNameDialog:
     @classmethod
-    def ask(cls, parent, current: str) -> str | None:
-        text, ok = QInputDialog.getText(parent, "Rename adapter", "New name (lower-case letters, digits, . - _):",
+    def ask(cls, parent, current: str, error: str = "") -> str | None:
+        """The new name (None: cancelled); `current` is filled in, `error` (why the last try failed) shown above."""
+        label = "New name (lower-case letters, digits, . - _):"
+        text, ok = QInputDialog.getText(parent, "Rename adapter", f"{error}\n\n{label}" if error else label,
                                         text=current)
         return text.strip() if ok and text.strip() else None
 
@@ -247,15 +249,19 @@ class AdaptersDialog(QDialog):
         if card.builtin:
             self.say(f"“{card.name}” is built in: it cannot be renamed (export it to get a copy).")
             return
-        new = AdapterNameDialog.ask(self, card.name)
-        if not new or new == card.name:
-            return
-        renamed = self._do("rename the adapter", self.library.rename, self.model_id, card.name, new)
-        if renamed is not FAILED:
-            self.say(f"Renamed “{card.name}” to “{renamed.name}”.")
-            self.renamed.emit(card.name, renamed.name)
-            self.refresh(select=renamed.name)
-            self.libraryChanged.emit()
+        new, error = card.name, ""
+        while True:  # a name that fails is asked again, as typed, with why (until renamed or cancelled)
+            new = AdapterNameDialog.ask(self, new, error=error)
+            if not new or new == card.name:
+                return
+            renamed = self._do("rename the adapter", self.library.rename, self.model_id, card.name, new)
+            if renamed is not FAILED:
+                break
+            error = self.message.text()
+        self.say(f"Renamed “{card.name}” to “{renamed.name}”.")
+        self.renamed.emit(card.name, renamed.name)
+        self.refresh(select=renamed.name)
+        self.libraryChanged.emit()
 
     def delete_adapter(self) -> None:
         card = self.selected()

@@ -146,13 +146,17 @@ class ChatHeader(QWidget):
         self.title_stack.setCurrentWidget(self.title)
 
     def eventFilter(self, obj, event) -> bool:
-        """Esc in the title editor cancels the rename (before the window's Esc = Stop shortcut sees it)."""
-        if obj is self.title_edit and event.type() in (QEvent.Type.ShortcutOverride, QEvent.Type.KeyPress) \
-                and event.key() == Qt.Key.Key_Escape:
-            event.accept()
-            if event.type() == QEvent.Type.KeyPress:
-                self.cancel_rename()
-            return True
+        """Esc in the title editor cancels the rename and Ctrl+Enter finishes it (before the window's Esc = Stop
+        and Ctrl+Enter = Send shortcuts see them)."""
+        if obj is self.title_edit and event.type() in (QEvent.Type.ShortcutOverride, QEvent.Type.KeyPress):
+            if event.key() == Qt.Key.Key_Escape:
+                event.accept()
+                if event.type() == QEvent.Type.KeyPress:
+                    self.cancel_rename()
+                return True
+            if event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter) and event.type() == QEvent.Type.ShortcutOverride:
+                event.accept()  # the editor gets the key press: Enter with any modifier finishes the rename
+                return True
         return super().eventFilter(obj, event)
 
     # --- model picker --------------------------------------------------------------------------------

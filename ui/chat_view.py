@@ -63,8 +63,10 @@ class ChatView(QScrollArea):
         self.order: list[int] = []
         self.expanded: set[int] = set()
         self.live_id: int | None = None
-        self.error: str | None = None
-        """The engine's last error message, shown on the failed reply's card."""
+        self.errors: dict[int, str] = {}
+        """Why a reply failed, by its message id (shown on that reply's card only)."""
+        self.font_px = 15
+        """The body text's pixel size: formulas are set to match."""
         self._stick = True
         bar = self.verticalScrollBar()
         bar.valueChanged.connect(self._scrolled)
@@ -133,6 +135,7 @@ class ChatView(QScrollArea):
         card = self.cards.get(m.id)
         if card is None or card.role != m.role:
             card = MessageCard(m.id, m.role)
+            card.font_px = self.font_px
             card.action.connect(self.action)
             card.expandedChanged.connect(self._expanded)
             self.cards[m.id] = card
@@ -144,8 +147,15 @@ class ChatView(QScrollArea):
         else:
             self.expanded.discard(message_id)
 
-    def set_error(self, message: str) -> None:
-        self.error = message
+    def set_error(self, message_id: int, message: str) -> None:
+        """Reply `message_id` failed because of `message` (shown on its card when it is drawn failed)."""
+        self.errors[message_id] = message
+
+    def set_font_size(self, points: int) -> None:
+        """Formulas at the body text's size: the shown cards are redrawn, later ones drawn at it."""
+        self.font_px = round(points * 4 / 3)
+        for card in self.cards.values():
+            card.set_font_px(self.font_px)
 
     def render(self, messages, live=None, busy: bool = False, can_reason: bool = False, *,
                branches: dict | None = None, can_delete: bool = False) -> None:
@@ -156,7 +166,6 @@ class ChatView(QScrollArea):
         last_assistant = max((m.id for m in messages if m.role == "assistant"), default=None)
         # Retry asks the branch's last question again: only its reply (the last row) offers it
         last_reply = messages[-1].id if messages and messages[-1].role == "assistant" else None
-        last_failed = next((m.id for m in reversed(messages) if failed(m)), None)
         ids = [m.id for m in messages]
         if self.live_id is not None and self.live_id not in ids:  # an alternative streams after the shown reply
             messages = [*messages, LiveRow(self.live_id, "assistant", "", "", "streaming", {})]
@@ -166,8 +175,7 @@ class ChatView(QScrollArea):
             if m.id == self.live_id:
                 card.show_live(live)
             else:
-                card.show_message(m, expanded=m.id in self.expanded,
-                                  error=self.error if m.id == last_failed else None)
+                card.show_message(m, expanded=m.id in self.expanded, error=self.errors.get(m.id) if failed(m) else None)
             done = m.id != self.live_id
             reasoned = bool(m.thinking) and m.role == "assistant"
             card.offer(copy=done, edit=m.role == "user" and not busy,

@@ -7,14 +7,18 @@ from __future__ import annotations
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import (
+    QAbstractSpinBox,
+    QApplication,
     QComboBox,
     QFrame,
     QHBoxLayout,
     QLabel,
+    QLineEdit,
     QPlainTextEdit,
     QPushButton,
     QSizePolicy,
     QSpinBox,
+    QTextEdit,
     QVBoxLayout,
     QWidget,
 )
@@ -144,8 +148,24 @@ class Composer(QWidget):
         self.send_button.clicked.connect(self._send)
         self.stop_button.clicked.connect(self.stopRequested)
         self.adapter.activated.connect(lambda _i: self.adapterChosen.emit(self.adapter.currentData()))
-        QShortcut(QKeySequence("Ctrl+Return"), self, activated=self._send)
-        QShortcut(QKeySequence(Qt.Key.Key_Escape), self, activated=self.stopRequested)
+        QShortcut(QKeySequence("Ctrl+Return"), self, activated=self._send_key)
+        QShortcut(QKeySequence(Qt.Key.Key_Escape), self, activated=self._stop_key)
+
+    def _send_key(self) -> None:
+        if not self._elsewhere():
+            self._send()
+
+    def _stop_key(self) -> None:
+        if not self._elsewhere():
+            self.stopRequested.emit()
+
+    def _elsewhere(self) -> bool:
+        """Focus is in an editable text field outside the composer (a chat title, the search box): the window's
+        Ctrl+Enter and Esc are not the composer's there (those fields handle the keys they use themselves)."""
+        focus = QApplication.focusWidget()
+        if focus is None or focus is self or self.isAncestorOf(focus):
+            return False
+        return isinstance(focus, QLineEdit | QAbstractSpinBox | QPlainTextEdit | QTextEdit) and not focus.isReadOnly()
 
     def _send(self) -> None:
         text = self.input.toPlainText().strip()

@@ -96,7 +96,7 @@ class MainWindow(QMainWindow, AdapterActions, ShellActions):
         self.statusBar().addPermanentWidget(self.undo_button)
         self._render_timer = QTimer(self, singleShot=True, interval=RENDER_INTERVAL_MS)
         self._render_timer.timeout.connect(lambda: self.render(live_only=True))
-        self.service.failed.connect(self.view.set_error)  # shown on the failed reply's card
+        self.controller.replyFailed.connect(self.view.set_error)  # on that reply's card; all errors: status bar
         self._menus()
         self._wire()
         self._restore_settings()

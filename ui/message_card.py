@@ -39,10 +39,10 @@ def escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
-def render_content(text: str, *, dark: bool, key_prefix: str, streaming: bool):
-    """(html, images, code_blocks) of a message's text."""
+def render_content(text: str, *, dark: bool, key_prefix: str, streaming: bool, font_px: int = 15):
+    """(html, images, code_blocks) of a message's text, formulas at `font_px` (the body text's pixel size)."""
     if render_markdown is not None:
-        r = render_markdown(text, dark=dark, key_prefix=key_prefix, streaming=streaming)
+        r = render_markdown(text, dark=dark, key_prefix=key_prefix, streaming=streaming, font_px=font_px)
         return r.html, r.images, r.code_blocks
     return f"<div style='white-space: pre-wrap'>{escape(text)}</div>", {}, {}
 
@@ -97,6 +97,8 @@ class MessageCard(QFrame):
         self.setAttribute(Qt.WidgetAttribute.WA_Hover, True)
         self.code_blocks: dict[str, str] = {}
         self._key = None
+        self.font_px = 15
+        """The body text's pixel size (ChatView.set_font_size): formulas are drawn to match."""
         self._live_answer: str | None = None
         self.chunks: list[FitBrowser] = []
         """Frozen leading parts of a long streaming answer (see _set_tail)."""
@@ -210,6 +212,15 @@ class MessageCard(QFrame):
             m, expanded, error = self._shown
             self.show_message(m, expanded=expanded, error=error)  # light ↔ dark: code and math colours follow
 
+    def set_font_px(self, px: int) -> None:
+        """Formulas at `px`: a shown message is redrawn now, a streaming one from its next update."""
+        if px == self.font_px:
+            return
+        self.font_px = px
+        if self._shown is not None and self._live_answer is None:
+            m, expanded, error = self._shown
+            self.show_message(m, expanded=expanded, error=error)
+
     # --- hover ---------------------------------------------------------------------------------------
     def enterEvent(self, event) -> None:
         self.show_buttons(True)
@@ -242,7 +253,8 @@ class MessageCard(QFrame):
     # --- content -------------------------------------------------------------------------------------
     def _set_content(self, text: str, streaming: bool) -> None:
         self._drop_chunks()
-        html, images, self.code_blocks = render_content(text, dark=is_dark(self), key_prefix=f"{self.message_id}-",
+        html, images, self.code_blocks = render_content(text, dark=is_dark(self), font_px=self.font_px,
+                                                        key_prefix=f"{self.message_id}-",
                                                         streaming=streaming)
         self.content.set_html(html, images)
 
@@ -250,7 +262,8 @@ class MessageCard(QFrame):
         return any(part.textCursor().hasSelection() for part in (*self.chunks, self.content))
 
     def _render_thinking(self, text: str) -> tuple[str, dict]:
-        html, images, _blocks = render_content(text, dark=is_dark(self), key_prefix=f"{self.message_id}-think-",
+        html, images, _blocks = render_content(text, dark=is_dark(self), font_px=self.font_px,
+                                               key_prefix=f"{self.message_id}-think-",
                                                streaming=False)
         return html, images
 
@@ -267,7 +280,7 @@ class MessageCard(QFrame):
         if streaming and len(tail) > CHUNK_CHARS:
             cut = split_point(tail)
             if cut:
-                html, images, blocks = render_content(tail[:cut], dark=is_dark(self), streaming=False,
+                html, images, blocks = render_content(tail[:cut], dark=is_dark(self), font_px=self.font_px, streaming=False,
                                                       key_prefix=f"{self.message_id}-c{len(self.chunks)}-")
                 chunk = FitBrowser()
                 chunk.linkClicked.connect(self._link)
@@ -281,7 +294,7 @@ class MessageCard(QFrame):
             self.code_blocks = dict(self._chunk_blocks)
             self.content.set_html("<p>▌</p>")
             return
-        html, images, blocks = render_content(tail + ("▌" if streaming else ""), dark=is_dark(self),
+        html, images, blocks = render_content(tail + ("▌" if streaming else ""), dark=is_dark(self), font_px=self.font_px,
                                               key_prefix=f"{self.message_id}-t{len(self.chunks)}-", streaming=streaming)
         self.code_blocks = {**self._chunk_blocks, **blocks}
         self.content.set_html(html, images)
@@ -289,7 +302,8 @@ class MessageCard(QFrame):
     def show_message(self, m, *, expanded: bool = False, error: str | None = None) -> None:
         """A stored message; nothing is redrawn when neither it nor how it is shown changed."""
         self._shown = (m, expanded, error)
-        key = (m.content, m.thinking, m.status, json.dumps(m.meta, sort_keys=True, default=str), error, is_dark(self))
+        key = (m.content, m.thinking, m.status, json.dumps(m.meta, sort_keys=True, default=str), error, is_dark(self),
+               self.font_px)
         if self.thinking is not None:
             self.thinking.set_expanded(expanded)
         if key == self._key:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from datetime import datetime, timedelta
 
-from PySide6.QtCore import QRect, QSize, Qt, Signal
+from PySide6.QtCore import QEvent, QItemSelectionModel, QRect, QSize, Qt, Signal
 from PySide6.QtGui import QFont, QPalette
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -113,14 +113,24 @@ class Sidebar(QWidget):
         layout.addWidget(self.list, 1)
         self.new_button.clicked.connect(self.newRequested)
         self.search.textChanged.connect(self.searchChanged)
+        self.search.installEventFilter(self)
         self._clicked: tuple[str | None, float] = (None, 0.0)
         """The chat last opened by a click, and when (monotonic s)."""
+        self._current: str | None = None
+        """The open chat at the last rebuild (while it stays open, a rebuild keeps the list's place)."""
+        self._searched: str | None = None
+        """The search the hits shown are for."""
         self.list.itemClicked.connect(self._clicked_item)
         self.list.itemActivated.connect(self._activated)
         self.list.customContextMenuRequested.connect(self._menu)
 
     def show_conversations(self, conversations: list[dict], current: str | None, now: float | None = None) -> None:
-        """The chats, pinned first then by date group; `now` (epoch s) is for tests."""
+        """The chats, pinned first then by date group; `now` (epoch s) is for tests. A rebuild (any chat changed)
+        keeps the scroll position and the highlighted row while the open chat stays the same."""
+        same_chat = current == self._current and self._searched is None  # not coming back from search hits
+        self._current, self._searched = current, None
+        keep = self._highlighted() if same_chat else current
+        value = self.list.verticalScrollBar().value()
         self.list.clear()
         previous = None
         for group, c in grouped(conversations, now):
@@ -131,8 +141,34 @@ class Sidebar(QWidget):
             item.setToolTip(c["title"])
             previous = group
             self.list.addItem(item)
-            if c["id"] == current:
-                self.list.setCurrentItem(item)
+        self._restore(keep, value if same_chat else None)
+
+    def _highlighted(self) -> str | None:
+        item = self.list.currentItem()
+        return item.data(Qt.ItemDataRole.UserRole) if item is not None else None
+
+    def _restore(self, cid: str | None, value: int | None) -> None:
+        """Highlight `cid` again and scroll back to `value` (None: to the highlighted row) after a rebuild."""
+        bar = self.list.verticalScrollBar()
+        self.list.doItemsLayout()  # the new items' heights, so the old position is in range again
+        for i in range(self.list.count()):
+            if cid is not None and self.list.item(i).data(Qt.ItemDataRole.UserRole) == cid:
+                self.list.setCurrentRow(i, QItemSelectionModel.SelectionFlag.ClearAndSelect)
+                break
+        if value is not None:
+            bar.setValue(value)
+        elif self.list.currentItem() is not None:
+            self.list.scrollToItem(self.list.currentItem())
+
+    def eventFilter(self, obj, event) -> bool:
+        """Esc in the search box clears it (before the window's Esc = Stop shortcut sees it)."""
+        if obj is self.search and event.type() in (QEvent.Type.ShortcutOverride, QEvent.Type.KeyPress) \
+                and event.key() == Qt.Key.Key_Escape:
+            event.accept()
+            if event.type() == QEvent.Type.KeyPress:
+                self.search.clear()
+            return True
+        return super().eventFilter(obj, event)
 
     def _clicked_item(self, item: QListWidgetItem) -> None:
         cid = item.data(Qt.ItemDataRole.UserRole)
@@ -150,6 +186,7 @@ class Sidebar(QWidget):
 
     def select(self, cid: str | None) -> None:
         """Highlight chat `cid` (none for a new chat) without rebuilding the list."""
+        self._current = cid
         self.list.setCurrentItem(None)
         for i in range(self.list.count()):
             if self.list.item(i).data(Qt.ItemDataRole.UserRole) == cid:
@@ -157,12 +194,18 @@ class Sidebar(QWidget):
                 break
 
     def show_results(self, hits: list[dict]) -> None:
+        """Search hits; refreshed while the search stays the same, the list keeps its place."""
+        same = self.search.text() == self._searched
+        self._searched = self.search.text()
+        keep, value = self._highlighted(), self.list.verticalScrollBar().value()
         self.list.clear()
         for h in hits:
             item = QListWidgetItem(f"{h['title']}\n  {h['snippet']}")
             item.setData(Qt.ItemDataRole.UserRole, h["conversation_id"])
             item.setToolTip(h["title"])
             self.list.addItem(item)
+        if same:
+            self._restore(keep, value)
 
     def groups(self) -> list[tuple[str, list[str]]]:
         """What the list shows: (heading, [titles]) in order."""

@@ -69,15 +69,24 @@ def test_lists_the_models_adapters_with_kind_metrics_and_builtin_marker(dialog):
 
 def test_rename_then_a_bad_name_changes_nothing(dialog, library, monkeypatch, qtbot):
     dialog.select("sql-helper")
-    monkeypatch.setattr(adapters_dialog.AdapterNameDialog, "ask", classmethod(lambda cls, p, c: "sql-pro"))
+    monkeypatch.setattr(adapters_dialog.AdapterNameDialog, "ask", classmethod(lambda cls, p, c, **_: "sql-pro"))
     with qtbot.waitSignal(dialog.renamed) as sig:
         dialog.rename_button.click()
     assert sig.args == ["sql-helper", "sql-pro"] and "sql-pro" in names(dialog) and "sql-helper" not in names(dialog)
     assert library.get(TINY_ID, "sql-pro").metrics["after"]["accuracy"] == 0.625
-    monkeypatch.setattr(adapters_dialog.AdapterNameDialog, "ask", classmethod(lambda cls, p, c: "Bad Name!"))
+    asked = []
+    answers = iter(["Bad Name!", None])  # a bad name, then Cancel
+
+    def ask(cls, parent, current, error=""):
+        asked.append((current, error))
+        return next(answers)
+
+    monkeypatch.setattr(adapters_dialog.AdapterNameDialog, "ask", classmethod(ask))
     dialog.select("sql-pro")
     dialog.rename_button.click()
     assert "Could not rename" in dialog.message.text() and "not a valid adapter name" in dialog.message.text()
+    assert asked[0] == ("sql-pro", "")  # asked again with the typed name kept and why it failed
+    assert asked[1][0] == "Bad Name!" and "not a valid adapter name" in asked[1][1] and len(asked) == 2
     assert sorted(c.name for c in library.list(TINY_ID) if not c.builtin) == ["concise", "sql-pro"]
 
 

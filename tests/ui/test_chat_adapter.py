@@ -197,7 +197,7 @@ def test_renaming_or_deleting_the_reasoning_adapter_in_use_follows_through(windo
     window.open_adapters()
     dialog = window.adapters_dialog
     dialog.select("concise")
-    monkeypatch.setattr(adapters_dialog.AdapterNameDialog, "ask", classmethod(lambda cls, p, c: "concise-v2"))
+    monkeypatch.setattr(adapters_dialog.AdapterNameDialog, "ask", classmethod(lambda cls, p, c, **_: "concise-v2"))
     dialog.rename_button.click()
     assert run_until(loop, lambda: window.service.adapter_names()["reasoning"] == "concise-v2", 20)
     assert window.settings.reasoning_adapters == {TINY_ID: "concise-v2"}

@@ -175,7 +175,7 @@ def test_branch_navigation_shows_n_of_m_and_emits_branch(qtbot):
 
 def test_a_failed_reply_is_an_error_card_with_retry(qtbot):
     view = view_with(qtbot, [msg(1, "user", "Q")])
-    view.set_error("the model crashed")
+    view.set_error(2, "the model crashed")
     view.render([msg(1, "user", "Q"), msg(2, "assistant", "Par", status="incomplete")])
     card = view.card(2)
     assert card.error.isVisibleTo(card) and "the model crashed" in view.toPlainText()
@@ -185,6 +185,36 @@ def test_a_failed_reply_is_an_error_card_with_retry(qtbot):
     view.render([msg(1, "user", "Q"), msg(2, "assistant", "Par", status="cancelled",
                                           meta={"finish_reason": "cancelled"})])
     assert not card.error.isVisibleTo(card) and "Stopped." in view.toPlainText()
+
+
+def test_an_error_shows_only_on_the_reply_it_belongs_to(qtbot):
+    """A later error (another reply's, or one about no reply at all) never lands on an older failed reply."""
+    history = [msg(1, "user", "Q1"), msg(2, "assistant", "Par", status="incomplete"), msg(3, "user", "Q2"),
+               msg(4, "assistant", "A2", status="incomplete")]
+    view = view_with(qtbot, history[:2])
+    view.set_error(2, "the model crashed")
+    view.render(history[:2])
+    assert "This answer failed: the model crashed" in view.toPlainText()
+    view.set_error(4, "out of memory")
+    view.render(history)
+    old, new = view.card(2), view.card(4)
+    assert "the model crashed" in old.error_label.text() and "out of memory" not in old.error_label.text()
+    assert "out of memory" in new.error_label.text()
+
+
+def test_formulas_in_the_transcript_follow_the_text_size(qtbot):
+    """ChatView.set_font_size redraws the shown cards' formulas at the new size; later cards are drawn at it."""
+    def heights(card):
+        return [img.deviceIndependentSize().height() for img in card.content.images.values()]
+
+    history = [msg(1, "user", "Q"), msg(2, "assistant", "So $x^2$ it is.", meta={"finish_reason": "stop"})]
+    view = view_with(qtbot, history)
+    (small,) = heights(view.card(2))
+    view.set_font_size(22)
+    (large,) = heights(view.card(2))
+    assert large > 1.5 * small
+    view.render([*history, msg(3, "user", "Q2"), msg(4, "assistant", "And $x^2$.", meta={"finish_reason": "stop"})])
+    assert heights(view.card(4)) == [large]
 
 
 def test_only_the_last_reply_offers_retry(qtbot):

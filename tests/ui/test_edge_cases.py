@@ -52,6 +52,27 @@ def test_crash_mid_stream_keeps_the_partial_reply(qtbot, loop, tmp_path):
     win.service.shutdown()
 
 
+def test_an_error_about_no_reply_stays_off_an_old_failed_reply(qtbot, loop, tmp_path):
+    """A model-switch refusal while an answer runs goes to the status bar, not onto an earlier failed reply."""
+    engine = ScriptedEngine(crash_after=2)
+    win = make_window(qtbot, loop, tmp_path, engine)
+    failed = ask(win, loop, "Tell me", "base")
+    engine.crash_after, engine.delay_s = None, 0.1
+    win.composer.apply("base", 8, 1)
+    win.composer.input.setPlainText("And now?")
+    win.composer.send_button.click()
+    assert run_until(loop, lambda: win.service.busy, 10)
+    win.switch_model("other-model")
+    assert run_until(loop, lambda: "switching models" in win.status.text(), 10)
+    assert run_until(loop, lambda: not win.service.busy, 10)
+    win.render()
+    card = win.view.card(failed.id)
+    assert card.error.isVisibleTo(card) and "crashed mid-answer" in card.error_label.text()
+    assert "switching models" not in win.view.toPlainText()
+    assert win.controller.messages()[-1].status == "complete"
+    win.service.shutdown()
+
+
 def test_engine_refusal_is_shown_not_raised(qtbot, loop, tmp_path):
     win = make_window(qtbot, loop, tmp_path, ScriptedEngine(think_error=ValueError("the trace no longer fits")))
     reply = ask(win, loop, "Why?", "reason", budget=8)

@@ -13,7 +13,8 @@ from PySide6.QtWidgets import QApplication
 
 from app.settings import load_settings
 from core.storage.chats import ChatStore
-from tests.ui.helpers import make_window, wait_idle
+from tests.qt_helpers import run_until
+from tests.ui.helpers import ask, make_window, wait_idle
 from tests.ui.scripted_engine import ScriptedEngine
 from ui.composer import MAX_LINES, Composer
 from ui.sidebar import Sidebar, date_group
@@ -203,6 +204,82 @@ def test_a_chat_opens_from_the_keyboard_and_once_per_click(qtbot):
         QTest.mouseClick(lst.viewport(), Qt.MouseButton.LeftButton, pos=first)
         QTest.mouseDClick(lst.viewport(), Qt.MouseButton.LeftButton, pos=first)
     assert opened == ["a"]  # it opens once
+
+
+def test_the_chat_list_keeps_its_place_when_a_chat_changes(qtbot):
+    """A rebuild (a reply finished in the open chat) keeps the scroll position and the highlighted row."""
+    bar = Sidebar()
+    qtbot.addWidget(bar)
+    bar.resize(240, 300)
+    bar.show()
+    qtbot.waitExposed(bar)
+    now = time.time()
+    chats = [{"id": f"c{i}", "title": f"Chat {i}", "updated": now - i * 60} for i in range(80)]
+    bar.show_conversations(chats, "c0")
+    scroll = bar.list.verticalScrollBar()
+    scroll.setValue(scroll.maximum() // 2)
+    bar.list.setCurrentRow(40)  # the keyboard highlight moved there
+    where = scroll.value()
+    assert where > 0
+    chats[0]["updated"] = now + 1
+    bar.show_conversations(chats, "c0")
+    QApplication.processEvents()
+    assert scroll.value() == where and bar.list.currentItem().text() == "Chat 40"
+    bar.show_conversations(chats, "c70")  # another chat opened: it is highlighted and shown
+    QApplication.processEvents()
+    assert bar.list.currentItem().text() == "Chat 70"
+    assert bar.list.viewport().rect().intersects(bar.list.visualItemRect(bar.list.currentItem()))
+
+
+def test_esc_and_ctrl_enter_in_other_fields_do_their_own_thing(qtbot, loop, tmp_path):
+    """Esc in the search box clears it and Ctrl+Enter in the title editor renames: neither stops the answer nor
+    sends the composer's text; Esc elsewhere still stops."""
+    win = make_window(qtbot, loop, tmp_path, ScriptedEngine(delay_s=0.3))
+    win.show()
+    win.windowHandle().requestActivate()
+    assert QTest.qWaitForWindowActive(win.windowHandle(), 5000)
+    win.composer.apply("base", 8, 1)
+    win.composer.input.setPlainText("First")
+    win.composer.send_button.click()
+    assert run_until(loop, lambda: win.service.busy, 10)
+    search = win.sidebar.search
+    search.setFocus()
+    QTest.keyClicks(search, "zzz")
+    QTest.keyClick(search, Qt.Key.Key_Escape)
+    assert search.text() == "" and win.service.busy and not win.service.stop_requested
+    wait_idle(win, loop)
+    cid = win.controller.current
+    win.composer.input.setPlainText("Not yet")
+    win.header.start_rename()
+    win.header.title_edit.setText("Renamed")
+    QTest.keyClick(win.header.title_edit, Qt.Key.Key_Return, Qt.KeyboardModifier.ControlModifier)
+    assert win.controller.title(cid) == "Renamed" and win.composer.input.toPlainText() == "Not yet"
+    assert len(win.controller.messages()) == 2
+    win.composer.input.setPlainText("Second")
+    win.composer.send_button.click()
+    assert run_until(loop, lambda: win.service.busy, 10)
+    win.view.setFocus()
+    QTest.keyClick(win.view, Qt.Key.Key_Escape)  # Stop, from outside any text field
+    assert win.service.stop_requested
+    wait_idle(win, loop)
+    win.close()
+    win.service.shutdown()
+
+
+def test_formulas_follow_the_text_size_in_the_window(window, loop):
+    """Zooming redraws the formulas of the answers already shown (and new ones) at the new size."""
+    reply = ask(window, loop, "Q", "base")
+    window.controller.store.update_message(reply.id, content="So $x^2$ it is.")
+    window.render()
+
+    def height():
+        (img,) = window.view.card(reply.id).content.images.values()
+        return img.deviceIndependentSize().height()
+
+    before = height()
+    for _ in range(8):
+        window.zoom(1)
+    assert height() > 1.4 * before
 
 
 def test_pinning_from_the_context_menu_moves_the_chat_on_top(window, loop):
