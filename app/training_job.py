@@ -150,3 +150,12 @@ def validate_adapter_name(name: str) -> str:
     from core.adapters.library import validate_adapter_name as check
 
     return check(name)
+
+
+def saved_run_differences(run_dir, args: list[str]) -> list[str]:
+    """What the run saved in `run_dir` was started with that the `train sft ...` command `args` would not start
+    (words such as "model", "data file", "recipe"); [] when Resume would train what `args` asks for. Reads
+    args.json only; the data itself is checked by the child when it resumes."""
+    from core.training.sft import saved_run_differences as differences
+
+    return differences(Path(run_dir), list(args))

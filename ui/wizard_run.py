@@ -85,6 +85,9 @@ class RunPanel(QWidget):
         self.state = "idle"
         self.events: list[dict] = []
         self.checkpoint_step: int | None = None
+        self.stale_checkpoint = False
+        """The run folder's checkpoint belongs to other settings or other data: not offered for resuming; a fresh
+        start replaces it."""
         self.saved_event: dict | None = None
         self.eval_event: dict | None = None
         self.error = ""
@@ -135,6 +138,7 @@ class RunPanel(QWidget):
         """Start (or, with `resume`, continue from the run folder's checkpoint) the process for `args`."""
         self.args, self.run_dir = list(args), run_dir
         self.saved_event, self.error, self._stopping_for, self._stopped_seen = None, "", "", False
+        self.stale_checkpoint = False
         if not resume:
             for plot in self.plots.values():
                 plot.clear()
@@ -144,15 +148,18 @@ class RunPanel(QWidget):
 
     @property
     def resumable(self) -> bool:
-        """A checkpoint exists to resume from (seen in this session, or left in the run folder)."""
+        """A checkpoint exists to resume from (seen in this session, or left in the run folder) and fits the run."""
+        if self.stale_checkpoint:
+            return False
         if self.checkpoint_step is not None:
             return True
         return bool(self.run_dir and (self.run_dir / "checkpoint" / "state.json").exists())
 
     @property
     def _restartable(self) -> bool:
-        """Stopped before any checkpoint: the same run can only start again."""
-        return bool(self.args) and self.state in ("paused", "cancelled") and not self.resumable
+        """Stopped before any checkpoint, or the checkpoint does not fit (other data): the run can only start again."""
+        stopped = self.state in ("paused", "cancelled") or (self.state == "failed" and self.stale_checkpoint)
+        return bool(self.args) and stopped and not self.resumable
 
     @property
     def running(self) -> bool:
@@ -210,6 +217,8 @@ class RunPanel(QWidget):
             self.checkpoint_step = int(ev.get("step", self.checkpoint_step or 0))
         elif kind == "error":
             self.error = str(ev.get("message", "unknown error"))
+            if ev.get("resumable") is False:  # e.g. the data changed since the checkpoint: only a fresh start
+                self.stale_checkpoint, self.checkpoint_step = True, None
         elif kind == "exited":
             self._exited(ev)
 

@@ -21,6 +21,7 @@ from PySide6.QtWidgets import (
     QWizardPage,
 )
 
+from app.training_job import saved_run_differences
 from ui.wizard_pages import WizardState
 from ui.wizard_run import RunPanel
 
@@ -31,6 +32,11 @@ RL_ARGS = ("--budgets", RL_BUDGETS, "--margin", "0.5", "--group", "8", "--lr", "
 `--tis-cap 0`): on the 0.5B, 150 steps (70 min on 2 cores) cut thinking by a quarter and budget cuts from ~30% to
 6–10%, at −3 points on dev and +2 on test."""
 RL_STEPS = 150
+
+
+def said(words: list[str]) -> str:
+    """'model', 'model and recipe', 'model, data file and recipe'."""
+    return " and ".join(filter(None, (", ".join(words[:-1]), words[-1]))) if words else ""
 
 
 class FolderOpener:
@@ -68,11 +74,22 @@ class TrainPage(QWizardPage):
         if args != self._args:
             self.card = None
         self.panel.run_dir = self.s.run_dir
+        self.panel.stale_checkpoint = False
         if self.panel.resumable and self.s.run_dir is not None:
-            # A checkpoint of this run is there (paused, cancelled or crashed earlier): offer to continue it.
+            # A checkpoint of this name is there (paused, cancelled or crashed earlier). Resume trains what the run
+            # was started with, so it is offered only when that is what this page would start now.
             self._args = args
             self.panel.args = args
-            self.panel.set_state("paused", "A checkpoint of this run exists. Press Resume to continue, or Start over.")
+            differ = saved_run_differences(self.s.run_dir, args)
+            if not differ:
+                self.panel.set_state("paused", "A checkpoint of this run exists. Press Resume to continue, or Start "
+                                               "over.")
+            else:
+                self.panel.checkpoint_step, self.panel.stale_checkpoint = None, True
+                other = "other settings" if differ == ["settings"] else f"another {said(differ)}"
+                self.panel.set_state("paused", f"A checkpoint named '{self.s.name}' exists from a run with {other}. "
+                                               "Press Start again to train from the beginning with these settings "
+                                               "(that checkpoint is replaced).")
             self.sync()
             return
         self.start(resume=False)

@@ -3,12 +3,16 @@
 A run folder holds `args.json` (the run's arguments), `log.jsonl` (every event, one JSON object a line) and
 `checkpoint/`: `adapter.safetensors` (the trainable tensors, exact dtype), `optimizer.safetensors` (the
 optimizer's tensors flattened to `state.<param index>.<key>`) and `state.json` (step, RNG states as ints and
-lists, param groups, anything else the trainer adds). No pickle anywhere: tensors are safetensors, the rest JSON.
+lists, param groups, the data's hash, the model and the recipe, anything else the trainer adds). No pickle anywhere:
+tensors are safetensors, the rest JSON. A resume refuses data files that are gone or hash differently from the
+checkpoint's (`check_resume_data`): the run would go on with other records and redraw its held-out split; a
+checkpoint saved before hashes were kept resumes unchecked.
 A file named `STOP` in the folder, SIGTERM or SIGINT asks the trainer to stop after the current step (the trainer
 removes the file when it takes the request on; it never clears one while it starts).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import shutil
@@ -26,6 +30,42 @@ from models.convert import AtomicDir
 
 CHECKPOINT = "checkpoint"
 STOP_FILE = "STOP"
+
+
+class CannotResume(ValueError):
+    """This run's checkpoint does not belong to what would be trained now (other data, other settings): the run
+    must start again. Its error event says `"resumable": false`."""
+
+
+def files_hash(paths) -> str:
+    """sha256 of the files' bytes, in order (for data read without the record check)."""
+    digest = hashlib.sha256()
+    for p in paths:
+        digest.update(Path(p).read_bytes())
+        digest.update(b"\0")
+    return digest.hexdigest()
+
+
+def _named(paths) -> str:
+    paths = [str(p) for p in paths]
+    return f"the data file {paths[0]}" if len(paths) == 1 else "the data files " + ", ".join(paths)
+
+
+def check_data_present(paths) -> None:
+    """Refuse to resume when a data file of the run is gone."""
+    gone = [str(p) for p in paths if not Path(p).is_file()]
+    if gone:
+        verb = "is" if len(gone) == 1 else "are"
+        raise CannotResume(f"{_named(gone)} {verb} gone since the checkpoint of this run: put it back, or start the "
+                           "run again")
+
+
+def check_resume_data(saved_hash: str | None, current_hash: str, paths) -> None:
+    """Refuse to resume when the data no longer hashes as when the checkpoint was saved; no saved hash (a
+    checkpoint from before hashes were kept): no check."""
+    if saved_hash and saved_hash != current_hash:
+        raise CannotResume(f"{_named(paths)} changed since the checkpoint of this run: start the run again, or put "
+                           "the file back as it was")
 
 
 def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -84,6 +124,11 @@ def save_checkpoint(folder: Path, model: nn.Module, optim: torch.optim.Optimizer
     return Path(folder)
 
 
+def read_state(folder: Path) -> dict:
+    """A checkpoint's `state.json` (no tensors loaded)."""
+    return json.loads((Path(folder) / "state.json").read_text())
+
+
 def load_checkpoint(folder: Path, model: nn.Module, optim: torch.optim.Optimizer | None) -> dict:
     """Put the saved trainable weights (and optimizer state) back; return the saved `state` dict."""
     folder = Path(folder)
@@ -129,8 +174,11 @@ class RunDir:
         """Report a run's error as an 'error' event and return the exit code (2: a bad value, 1: anything else);
         without --json-progress the error is raised on, with its traceback."""
         message = str(err) or type(err).__name__
+        event = {"event": "error", "message": message}
+        if isinstance(err, CannotResume):
+            event["resumable"] = False
         try:
-            self.emit({"event": "error", "message": message})
+            self.emit(event)
         except Exception as emit_err:  # e.g. stdout closed: the run's own error is the one to report
             print(f"ponder: could not report the error as an event ({emit_err})", file=sys.stderr, flush=True)
         if not self.json_progress:

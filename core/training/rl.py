@@ -61,7 +61,14 @@ from core.loading import component_dirs, load_model, load_tokenizer, set_threads
 from core.prompting.prompts import reasoning_system
 from core.reasoning.voting import is_correct
 from core.storage.model_store import ModelStore
-from core.training.checkpoint import RunDir, load_checkpoint, save_checkpoint
+from core.training.checkpoint import (
+    RunDir,
+    check_data_present,
+    check_resume_data,
+    load_checkpoint,
+    read_state,
+    save_checkpoint,
+)
 from core.training.rewards import apply_update, group_advantages, policy_update, reward
 from core.training.rl_plots import write_curves
 from core.training.sft import lr_at
@@ -313,6 +320,9 @@ def run(args: RlArgs, rd: RunDir, *, store: ModelStore | None = None, resume: bo
         from core.adapters.library import validate_adapter_name
 
         validate_adapter_name(args.name)
+    if resume and rd.has_checkpoint():  # the questions must be those the checkpoint was trained on
+        check_data_present(args.data)
+        check_resume_data(read_state(rd.checkpoint).get("data_hash"), data_hash(args.data), args.data)
     installed, engine, ref, optim, problems, meta = setup(args, store)
     model = engine.model
     rd.emit({"event": "loaded", "examples": len(problems), "total_steps": args.steps},
@@ -326,7 +336,8 @@ def run(args: RlArgs, rd: RunDir, *, store: ModelStore | None = None, resume: bo
     def checkpoint(step: int) -> None:
         saved_at[0] = step
         save_checkpoint(rd.checkpoint, model, optim, {"step": step, "elapsed_s": elapsed0 + spent, "log": log,
-                                                      "args": asdict(args)})
+                                                      "args": asdict(args), "data_hash": meta["data_hash"],
+                                                      "model_id": args.model_id, "recipe": meta["recipe"]})
         write_curves(log, rd.path)
         rd.emit({"event": "checkpoint", "step": step, "path": str(rd.checkpoint)})
 

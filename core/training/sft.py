@@ -30,7 +30,18 @@ from core.events import TrainProgress
 from core.loading import load_model, load_tokenizer, set_threads
 from core.storage.model_store import ModelStore
 from core.storage.paths import data_dir
-from core.training.checkpoint import RunDir, load_checkpoint, restore_rng, rng_state, save_checkpoint
+from core.training.checkpoint import (
+    CannotResume,
+    RunDir,
+    check_data_present,
+    check_resume_data,
+    files_hash,
+    load_checkpoint,
+    read_state,
+    restore_rng,
+    rng_state,
+    save_checkpoint,
+)
 from models.convert import AtomicDir
 from models.quantization import dequantized_copy
 
@@ -67,6 +78,9 @@ class Prepared:
     train: list[tuple[list[int], list[int]]]
     held: list[TrainRecord] = field(default_factory=list)
     data_hash: str | None = None
+    data_key: str = ""
+    """What a checkpoint keeps of the data, to refuse a changed file on resume: `data_hash` (the checked records),
+    or for data read without the check the files' bytes hash."""
 
 
 def validated_records(args: SftArgs, tokenizer) -> tuple[list[TrainRecord], str]:
@@ -87,7 +101,9 @@ def uses_validated_data(args: SftArgs) -> bool:
     return bool(args.name or args.preset) or args.kind == "skill"
 
 
-def setup(args: SftArgs, store: ModelStore | None = None) -> Prepared:
+def setup(args: SftArgs, store: ModelStore | None = None, check_data: Callable[[str], None] | None = None) -> Prepared:
+    """Read the data and load the model with a new (or `init_adapter`'s) trainable adapter. `check_data(data_key)`
+    runs once the data is read, before the model loads (a resume refuses changed data there)."""
     store = store or ModelStore()
     installed = store.get(args.model_id)
     set_threads(args.threads)
@@ -105,6 +121,9 @@ def setup(args: SftArgs, store: ModelStore | None = None) -> Prepared:
         encoded = [(p, r) for p, r in encoded if len(r) <= args.max_response_tokens]
     if not encoded:
         raise ValueError("no usable training examples (check the data files and --max-response-tokens)")
+    data_key = digest if digest is not None else files_hash(args.data)
+    if check_data is not None:
+        check_data(data_key)
     base = load_model(installed, EngineConfig(model_id=args.model_id, precision=args.precision))
     if args.precision.startswith("w"):
         base = dequantized_copy(base)  # same function as the quantized base, dense kernels for backward
@@ -112,7 +131,7 @@ def setup(args: SftArgs, store: ModelStore | None = None) -> Prepared:
         model = adapters.load_adapter(base, Path(args.init_adapter), trainable=True)
     else:
         model = adapters.attach_new(base, args.rank, args.alpha, args.dropout)
-    return Prepared(installed, tokenizer, model, encoded, held, digest)
+    return Prepared(installed, tokenizer, model, encoded, held, digest, data_key)
 
 
 def new_optimizer(model, args: SftArgs) -> torch.optim.Optimizer:
@@ -207,13 +226,18 @@ def run(args: SftArgs, rd: RunDir, *, store: ModelStore | None = None, resume: b
         estimate: bool = False) -> Path | None:
     """One run with events, checkpoints and stop requests: train (or resume), evaluate, save. Returns the saved
     adapter folder; None when stopped (resumable) or after an estimate."""
-    prep = setup(args, store)
+    saved = None
+    if resume and rd.has_checkpoint():  # the data must be what the checkpoint was trained on
+        check_data_present(args.data)
+        saved = read_state(rd.checkpoint)
+    prep = setup(args, store, None if saved is None else
+                 lambda key: check_resume_data(saved.get("data_hash"), key, args.data))
     total = args.steps
     rd.emit({"event": "loaded", "examples": len(prep.train), "held_out": len(prep.held), "total_steps": total},
             f"{len(prep.train)} training examples, {len(prep.held)} held out, {total} steps")
     optim, order = new_optimizer(prep.model, args), random.Random(args.seed)
     start, elapsed0, log = 0, 0.0, []
-    if resume and rd.has_checkpoint():
+    if saved is not None:
         state = load_checkpoint(rd.checkpoint, prep.model, optim)
         restore_rng(state["rng"], order)
         start, elapsed0, log = state["step"], state["elapsed_s"], state["log"]
@@ -221,7 +245,9 @@ def run(args: SftArgs, rd: RunDir, *, store: ModelStore | None = None, resume: b
 
     def checkpoint(step: int) -> None:
         save_checkpoint(rd.checkpoint, prep.model, optim, {"step": step, "elapsed_s": elapsed0 + done["spent"],
-                                                           "rng": rng_state(order), "log": log, "args": asdict(args)})
+                                                           "rng": rng_state(order), "log": log, "args": asdict(args),
+                                                           "data_hash": prep.data_key, "model_id": args.model_id,
+                                                           "recipe": recipe_of(args)})
         rd.emit({"event": "checkpoint", "step": step, "path": str(rd.checkpoint)})
 
     def on_step(entry: dict) -> None:
@@ -336,6 +362,48 @@ def args_from_json(saved: dict) -> SftArgs:
     return SftArgs(**saved)
 
 
+RESUME_FIELDS = {
+    "model": ("model_id", "precision"),
+    "data file": ("data", "csv_columns"),
+    "kind": ("kind",),
+    "recipe": ("preset", "steps", "grad_accum", "rank", "alpha", "dropout", "lr", "warmup_ratio", "max_tokens",
+               "held_out", "seed", "examples", "max_response_tokens", "max_thinking_chars", "init_adapter"),
+    "destination": ("name", "out"),
+}
+"""What a resumed run must share with the command that asks for it (checkpoint spacing, evaluation size and
+threads may differ), by the word a message uses for it."""
+
+
+def _same(key: str, a, b) -> bool:
+    if key == "data":
+        return [str(Path(p).absolute()) for p in a] == [str(Path(p).absolute()) for p in b]
+    return a == b
+
+
+def said(words: list[str]) -> str:
+    """'model', 'model and recipe', 'model, data file and recipe'."""
+    return " and ".join(filter(None, (", ".join(words[:-1]), words[-1]))) if words else ""
+
+
+def differences(saved: SftArgs, wanted: SftArgs) -> list[str]:
+    """What of RESUME_FIELDS differs between a saved run and the one asked for ([] when resuming fits)."""
+    return [label for label, keys in RESUME_FIELDS.items()
+            if not all(_same(k, getattr(saved, k), getattr(wanted, k)) for k in keys)]
+
+
+def saved_run_differences(run_dir: Path, argv: list[str]) -> list[str]:
+    """What the run saved in `run_dir` differs in from the `[train sft] ...` command line `argv` would start
+    ([] when `--resume` would train what `argv` asks for; ["settings"] when either cannot be read)."""
+    argv = [x for x in argv if x != "--resume"]
+    argv = argv[2:] if argv[:2] == ["train", "sft"] else argv
+    try:
+        wanted = args_from_cli(build_parser().parse_args(argv))
+        saved = args_from_json(json.loads((Path(run_dir) / "args.json").read_text()))
+    except (OSError, ValueError, TypeError, KeyError, SystemExit):
+        return ["settings"]
+    return differences(saved, wanted)
+
+
 def run_dir_for(a: argparse.Namespace) -> Path:
     if a.run_dir:
         return Path(a.run_dir)
@@ -349,6 +417,11 @@ def main(argv=None, store: ModelStore | None = None) -> int:
     try:
         if a.resume:
             args = args_from_json(rd.read_args())
+            if a.data and (a.name or a.out):  # the command says what it wants trained: it must be the saved run
+                differ = differences(args, args_from_cli(a))
+                if differ:
+                    raise CannotResume(f"the run in {rd.path} was started with another {said(differ)}: "
+                                       "start it again (without --resume)")
         else:
             args = args_from_cli(a)
             if not a.estimate:

@@ -126,3 +126,28 @@ def test_a_stop_file_written_while_the_child_starts_is_not_lost(tiny_store, tmp_
     assert "stopped" in kinds and "saved" not in kinds and kinds.count("progress") == 1
     assert rec.wait_for("stopped")["step"] == 1 and not (tmp_path / "run" / "STOP").exists()
     assert AdapterLibrary().list("tiny-qwen2", kind="skill") == []
+
+
+def test_resume_of_a_run_whose_data_file_changed_is_refused(tiny_store, tmp_path, data):
+    """Paused, then the data file replaced in place by other records: the resumed child says so in one error event
+    (not resumable) and trains nothing; the checkpoint stays, and the saved-run check still matches the command."""
+    from app.training_job import saved_run_differences
+
+    cmd = ["--data", str(data), "--name", "edited", "--steps", "40", "--checkpoint-every", "1", *MODEL]
+    job, rec = start(cmd, tmp_path)
+    rec.wait_for("checkpoint")
+    job.stop()
+    assert job.wait(timeout=120) == 0
+    step = rec.wait_for("stopped")["step"]
+    assert json.loads((tmp_path / "run" / "checkpoint" / "state.json").read_text())["data_hash"]
+    assert saved_run_differences(tmp_path / "run", ["train", "sft", *cmd]) == []
+
+    data.write_text("\n".join(json.dumps({"question": f"What is {i} times 3?", "answer": f"#### {3 * i}"})
+                              for i in range(40)))
+    again, rec2 = start(["--resume", "--json-progress"], tmp_path)
+    assert again.wait(timeout=120) == 2, rec2.events
+    assert rec2.kinds() == ["error", "exited"]
+    error = rec2.events[0]
+    assert error["resumable"] is False and f"the data file {data} changed since the checkpoint" in error["message"]
+    assert json.loads((tmp_path / "run" / "checkpoint" / "state.json").read_text())["step"] == step
+    assert AdapterLibrary().list("tiny-qwen2") == []

@@ -411,3 +411,38 @@ def test_rl_question_file_keeps_short_solutions_in_a_row_range_and_rejects_bad_r
     data.write_text("{not json\n")
     with pytest.raises(SystemExit, match="train.jsonl:1 is not valid JSON"):
         make_rl_questions.main(["--data", str(data), "--out", str(out)])
+
+
+def test_resume_refuses_questions_changed_or_gone_since_the_checkpoint(tmp_path, tiny_store, start_adapter, capsys):
+    """The checkpoint keeps the questions' hash; `--resume` on an edited or removed file is one error event (not
+    resumable) before any model loads, and the checkpoint stays. Put back as it was, the run resumes."""
+    from app.cli import run_cli
+    from core.training.rl import data_hash
+
+    data = tmp_path / "gsm.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in GSM))
+    run_dir = tmp_path / "run"
+    stop = StopAfterFirstStep(run_dir, json_progress=True, out=io.StringIO())
+    args = RlArgs(data=(str(data),), adapter=str(start_adapter), budgets=(6,), group=2, steps=3, answer_tokens=4,
+                  model_id=TINY_ID, precision="bf16", checkpoint_every=1, threads=1, run_dir=str(run_dir))
+    stop.write_args(asdict(args))
+    assert run(args, stop, store=tiny_store) is None
+    state = json.loads((stop.checkpoint / "state.json").read_text())
+    assert state["step"] == 1 and state["data_hash"] == data_hash([data]) and state["model_id"] == TINY_ID
+    original = data.read_text()
+    capsys.readouterr()
+
+    data.write_text(original + json.dumps({"question": "What is 2 + 2?", "answer": "#### 4"}) + "\n")
+    assert run_cli(["train", "rl", "--resume", "--run-dir", str(run_dir), "--json-progress"]) == 2
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [e["event"] for e in events] == ["error"] and events[0]["resumable"] is False
+    assert f"the data file {data} changed since the checkpoint" in events[0]["message"]
+    data.unlink()
+    assert run_cli(["train", "rl", "--resume", "--run-dir", str(run_dir), "--json-progress"]) == 2
+    assert "is gone since the checkpoint" in json.loads(capsys.readouterr().out.splitlines()[-1])["message"]
+    assert json.loads((stop.checkpoint / "state.json").read_text())["step"] == 1
+
+    data.write_text(original)
+    assert run_cli(["train", "rl", "--resume", "--run-dir", str(run_dir), "--steps", "2", "--json-progress"]) == 0
+    steps = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [e["step"] for e in steps if e["event"] == "rl_progress"] == [2]

@@ -260,3 +260,99 @@ def test_a_log_that_cannot_be_written_is_said_once_and_the_real_error_still_repo
 
     assert RunDir(tmp_path / "closed", json_progress=True, out=Closed()).fail(RuntimeError("boom")) == 1
     assert "ponder: boom" in capsys.readouterr().err
+
+
+def stopping_at_two(path):
+    """A RunDir whose user drops a STOP file while step 2 runs (the wizard's Pause)."""
+    from core.training.checkpoint import RunDir
+
+    class Stopping(RunDir):
+        def emit(self, event, text=None):
+            super().emit(event, text)
+            if event["event"] == "progress" and event["step"] == 2:
+                (self.path / "STOP").touch()
+
+    return Stopping(path)
+
+
+def test_resume_refuses_data_changed_or_gone_since_the_checkpoint(tiny_store, tmp_path, capsys):
+    """The checkpoint keeps the data's hash, the model and the recipe; a resume whose file was edited in place (6
+    records became 40 others) or removed is refused with one error line (not resumable), before any step and with
+    the checkpoint left as it was. A checkpoint saved before hashes were kept resumes unchecked, as before."""
+    from core.data.train import validate_file
+    from core.loading import load_tokenizer
+    from core.training.checkpoint import CannotResume, RunDir
+    from core.training.sft import main, recipe_of, run
+
+    args = skill_args(tmp_path)
+    data = tmp_path / "skill.jsonl"
+    paused = stopping_at_two(tmp_path / "run")
+    assert run(args, paused, store=tiny_store) is None
+    state = json.loads((paused.checkpoint / "state.json").read_text())
+    report = validate_file(data, load_tokenizer(tiny_store.get("tiny-qwen2").hf_dir), kind="skill")
+    assert state["step"] == 2 and state["data_hash"] == report.data_hash and len(state["data_hash"]) == 64
+    assert state["model_id"] == "tiny-qwen2" and state["recipe"] == json.loads(json.dumps(recipe_of(args)))
+    original = data.read_text()
+
+    data.write_text("\n".join(json.dumps({"prompt": f"Color {i}?", "response": f"blue {i}"}) for i in range(40)))
+    logged = len((paused.path / "log.jsonl").read_text().splitlines())
+    with pytest.raises(CannotResume, match="changed since the checkpoint"):
+        run(args, RunDir(paused.path), store=tiny_store, resume=True)
+    assert len((paused.path / "log.jsonl").read_text().splitlines()) == logged  # not even "loaded"
+    RunDir(paused.path).write_args({**args.__dict__, "data": list(args.data)})
+    capsys.readouterr()
+    rc = main(["--resume", "--run-dir", str(paused.path), "--json-progress"], store=tiny_store)
+    printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert rc == 2 and len(printed) == 1 and printed[0]["event"] == "error" and printed[0]["resumable"] is False
+    assert f"the data file {data} changed since the checkpoint" in printed[0]["message"]
+    assert "\n" not in printed[0]["message"] and "start the run again" in printed[0]["message"]
+    data.unlink()
+    with pytest.raises(CannotResume, match="is gone since the checkpoint"):
+        run(args, RunDir(paused.path), store=tiny_store, resume=True)
+    assert json.loads((paused.checkpoint / "state.json").read_text())["step"] == 2
+
+    data.write_text(original)  # put back as it was: it resumes
+    (paused.path / "STOP").unlink(missing_ok=True)
+    old = {k: v for k, v in state.items() if k not in ("data_hash", "model_id", "recipe")}
+    (paused.checkpoint / "state.json").write_text(json.dumps(old))  # as saved before hashes were kept
+    data.write_text(original.replace("Table 5?", "Chair 5?"))
+    assert run(args, RunDir(paused.path), store=tiny_store, resume=True) == tmp_path / "out"  # no hash: no check
+    steps = [json.loads(line).get("step") for line in (paused.path / "log.jsonl").read_text().splitlines()
+             if json.loads(line)["event"] == "progress"]
+    assert steps == [1, 2, 3, 4]
+
+
+def test_resume_with_a_command_for_other_settings_is_refused_and_the_wizard_check_names_them(tiny_store, tmp_path,
+                                                                                             capsys):
+    """`--resume` trains what args.json says; a command that names other data, model or recipe is refused rather
+    than silently training the old run, and `saved_run_differences` tells the wizard what differs."""
+    from core.training.sft import args_from_cli, build_parser, main, saved_run_differences
+
+    data, other = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    for path in (data, other):
+        path.write_text(json.dumps({"prompt": "hi", "response": "hello"}) + "\n")
+    run_dir = tmp_path / "run"
+    cmd = ["train", "sft", "--data", str(data), "--name", "helper", "--model-id", "tiny-qwen2", "--precision", "bf16",
+           "--kind", "skill", "--preset", "quick", "--steps", "5", "--held-out", "0.1", "--json-progress"]
+    assert saved_run_differences(run_dir, cmd) == ["settings"]  # no saved run
+    run_dir.mkdir()
+    saved = args_from_cli(build_parser().parse_args(cmd[2:]))
+    (run_dir / "args.json").write_text(json.dumps(saved.__dict__))
+
+    def with_(flag, value):
+        out = list(cmd)
+        out[out.index(flag) + 1] = value
+        return out
+
+    assert saved_run_differences(run_dir, cmd) == [] == saved_run_differences(run_dir, cmd + ["--resume"])
+    assert saved_run_differences(run_dir, cmd + ["--checkpoint-every", "1", "--eval-tokens", "9"]) == []
+    assert saved_run_differences(run_dir, with_("--data", str(other))) == ["data file"]
+    assert saved_run_differences(run_dir, with_("--model-id", "qwen2.5-0.5b-instruct")) == ["model"]
+    assert saved_run_differences(run_dir, with_("--steps", "6")) == ["recipe"]
+    assert saved_run_differences(run_dir, with_("--preset", "thorough")) == ["recipe"]
+    assert saved_run_differences(run_dir, with_("--kind", "reasoning")) == ["kind"]
+
+    rc = main([*with_("--data", str(other))[2:], "--resume", "--run-dir", str(run_dir)], store=tiny_store)
+    event = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert rc == 2 and event["event"] == "error" and event["resumable"] is False
+    assert "started with another data file" in event["message"]

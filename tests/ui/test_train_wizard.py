@@ -269,3 +269,51 @@ def test_pause_pressed_while_the_process_starts_is_a_pause_not_a_crash(qtbot, po
     assert panel.state == "running" and panel.runner.running
     panel.runner.kill()
     qtbot.waitUntil(lambda: panel.state != "running", timeout=TIMEOUT)
+
+
+def test_resume_is_offered_only_for_the_run_the_wizard_would_start_and_never_on_edited_data(qtbot, make_wizard,
+                                                                                              tmp_path, confirm):
+    """A paused run's folder is keyed by the adapter name: a later wizard with the same name but another data file
+    offers to start again, not Resume (which would train the old file); with the same settings but the file
+    edited in place, Resume is refused by the child (the data changed) and Start again trains from step 1."""
+    data = write_jsonl(tmp_path / "good.jsonl", good_rows())
+    w = make_wizard(extra_args=["--precision", "bf16", "--checkpoint-every", "1"])
+    panel = to_train(qtbot, w, data, "edited", steps=40)
+    qtbot.waitUntil(lambda: panel.checkpoint_step is not None and panel.checkpoint_step >= 1, timeout=TIMEOUT)
+    panel.pause_button.click()
+    qtbot.waitUntil(lambda: panel.state == "paused" and not panel.running, timeout=TIMEOUT)
+    state = tmp_path / "runs" / "edited" / "checkpoint" / "state.json"
+    paused_at = json.loads(state.read_text())["step"]
+    w.reject()
+
+    other = write_jsonl(tmp_path / "other.jsonl", [{"prompt": f"Name colour {i}", "response": f"Colour {i} is blue."}
+                                                   for i in range(12)])
+    w2 = make_wizard(extra_args=["--precision", "bf16"])
+    panel2 = to_train(qtbot, w2, other, "edited", steps=40)
+    assert panel2.state == "paused" and not panel2.running
+    assert "another data file" in panel2.status.text() and "Start again" in panel2.status.text()
+    assert panel2.pause_button.text() == "Start again" and panel2.pause_button.isEnabled()
+    assert w2.train_page.start_over.isVisible()
+    w2.reject()
+
+    write_jsonl(data, [{"prompt": f"Spell the number {i}", "response": f"It is written {i}."} for i in range(40)])
+    w3 = make_wizard(extra_args=["--precision", "bf16"])
+    panel3 = to_train(qtbot, w3, data, "edited", steps=40)
+    assert panel3.state == "paused" and panel3.pause_button.text() == "Resume"  # same settings: Resume is offered
+    panel3.pause_button.click()
+    qtbot.waitUntil(lambda: panel3.state != "running", timeout=TIMEOUT)
+    assert panel3.state == "failed" and "changed since the checkpoint" in panel3.status.text(), panel3.status.text()
+    assert "Press Resume" not in panel3.status.text()
+    assert not [e for e in panel3.events if e["event"] == "progress"]
+    assert json.loads(state.read_text())["step"] == paused_at
+    assert panel3.pause_button.text() == "Start again" and panel3.pause_button.isEnabled()
+    assert w3.train_page.start_over.isVisible()
+
+    seen = len(panel3.events)
+    panel3.pause_button.click()  # a fresh run on the file as it is now; it replaces the old checkpoint
+    qtbot.waitUntil(lambda: any(e["event"] == "progress" for e in panel3.events[seen:]), timeout=TIMEOUT)
+    fresh = [e for e in panel3.events[seen:] if e["event"] in ("loaded", "progress")]
+    assert fresh[0]["event"] == "loaded" and fresh[0]["examples"] + fresh[0]["held_out"] == 40
+    assert fresh[1]["step"] == 1
+    panel3.runner.kill()
+    qtbot.waitUntil(lambda: panel3.state != "running", timeout=TIMEOUT)
