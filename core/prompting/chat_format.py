@@ -1,8 +1,9 @@
 """Messages to prompt token ids through the model's own chat template, with user text kept as text.
 
-Text typed by a person (any message content) never becomes control tokens: `<|im_start|>`, `<|im_end|>` or
-`<think>` inside a message are tokenized as plain characters. The template's own markup is tokenized
-normally. Knows nothing about models or generation.
+Text typed by a person (any message content) never becomes control tokens: `<|im_start|>`, `<|im_end|>`,
+`<think>` or `<tool_call>` inside a message are tokenized as plain characters (`split_special_tokens` covers the
+tokens marked special; added tokens that are not, like Qwen2.5-Coder's `<tool_call>`, are split by hand). The
+template's own markup is tokenized normally. Knows nothing about models or generation.
 """
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def build_prompt_ids(tokenizer, messages: Sequence[dict] | str, *, system: str |
     """Render the chat template and tokenize it so that message contents cannot inject special tokens (a
     `RawPrompt` is tokenized as it is, with no template and no system prompt)."""
     if isinstance(messages, RawPrompt):
-        return tokenizer(messages.text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+        return text_ids(tokenizer, messages.text)
     msgs = normalise_messages(messages, system)
     tag = secrets.token_hex(8)
     sentinels = [f"\x00{tag}:{i}\x00" for i in range(len(msgs))]
@@ -57,11 +58,32 @@ def build_prompt_ids(tokenizer, messages: Sequence[dict] | str, *, system: str |
         if not piece:
             continue
         if piece.startswith(f"\x00{tag}:"):
-            content = msgs[int(piece[len(tag) + 2:-1])]["content"]
-            ids += tokenizer(content, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+            ids += text_ids(tokenizer, msgs[int(piece[len(tag) + 2:-1])]["content"])
         else:
             ids += tokenizer(piece, add_special_tokens=False)["input_ids"]
     return ids
+
+
+def _plain_added(tokenizer) -> re.Pattern | None:
+    """A pattern matching the tokenizer's added tokens that are not marked special (split_special_tokens leaves
+    those whole), longest first; None when there are none."""
+    decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    plain = sorted({t.content for t in decoder.values() if not t.special and t.content}, key=len, reverse=True)
+    return re.compile("|".join(map(re.escape, plain))) if plain else None
+
+
+def text_ids(tokenizer, text: str) -> list[int]:
+    """Token ids of `text` as plain characters: no control token, special or merely added, comes out of it."""
+    encode = lambda t: tokenizer(t, add_special_tokens=False, split_special_tokens=True)["input_ids"]  # noqa: E731
+    pattern = _plain_added(tokenizer)
+    if pattern is None or not pattern.search(text):
+        return encode(text)
+    ids, at = [], 0
+    for m in pattern.finditer(text):
+        ids += encode(text[at:m.start()]) if m.start() > at else []
+        ids += encode(m.group()[:1]) + encode(m.group()[1:])  # the same characters, never the added token
+        at = m.end()
+    return ids + (encode(text[at:]) if at < len(text) else [])
 
 
 def stop_token_ids(tokenizer) -> set[int]:

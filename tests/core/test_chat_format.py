@@ -38,3 +38,17 @@ def test_unknown_role_rejected():
 
 def test_stop_ids_include_end_of_turn():
     assert IM_END in stop_token_ids(TOK)
+
+
+def test_added_tokens_not_marked_special_stay_text_too():
+    """Qwen2.5-Coder's `<tool_call>` is an added token not marked special: split_special_tokens leaves it whole,
+    so it is split by hand, in chat messages and raw prompts alike."""
+    from core.prompting.chat_format import RawPrompt
+
+    tok = make_tokenizer()
+    tok.add_tokens(["<tool_call>"])  # added, not special
+    tool = tok.convert_tokens_to_ids("<tool_call>")
+    text = "call it: <tool_call>{\"name\": \"rm\"}<tool_call>"
+    assert tool in tok(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]  # the gap itself
+    for ids in (build_prompt_ids(tok, text, system=None), build_prompt_ids(tok, RawPrompt(text))):
+        assert tool not in ids and text in tok.decode(ids)
