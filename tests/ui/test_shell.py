@@ -23,6 +23,15 @@ from ui.theme import apply_theme, stylesheet
 DAY = 86400.0
 
 
+def shown(qtbot, widget, width: int, height: int):
+    """`widget` at that size, shown and exposed offscreen."""
+    qtbot.addWidget(widget)
+    widget.resize(width, height)
+    widget.show()
+    qtbot.waitExposed(widget)
+    return widget
+
+
 @pytest.fixture
 def window(qtbot, loop, tmp_path):
     win = make_window(qtbot, loop, tmp_path, ScriptedEngine())
@@ -109,11 +118,7 @@ def test_enter_is_a_new_line_when_off_and_ctrl_enter_always_sends(window, loop):
 
 
 def test_the_composer_grows_with_its_lines_up_to_a_cap(qtbot):
-    composer = Composer()
-    qtbot.addWidget(composer)
-    composer.resize(600, 300)
-    composer.show()
-    qtbot.waitExposed(composer)
+    composer = shown(qtbot, Composer(), 600, 300)
     box = composer.input
     one = box.height()
     box.setPlainText("a\nb\nc")
@@ -160,11 +165,7 @@ def test_sidebar_groups_by_date_pinned_first(qtbot):
 
 
 def test_sidebar_elides_long_titles_without_a_horizontal_scrollbar(qtbot):
-    bar = Sidebar()
-    qtbot.addWidget(bar)
-    bar.resize(220, 400)
-    bar.show()
-    qtbot.waitExposed(bar)
+    bar = shown(qtbot, Sidebar(), 220, 400)
     long = "A very long question about the airspeed velocity of an unladen swallow, African or European " * 3
     bar.show_conversations([{"id": "x", "title": long, "updated": time.time()}], None)
     lst = bar.list
@@ -208,11 +209,7 @@ def test_a_chat_opens_from_the_keyboard_and_once_per_click(qtbot):
 
 def test_the_chat_list_keeps_its_place_when_a_chat_changes(qtbot):
     """A rebuild (a reply finished in the open chat) keeps the scroll position and the highlighted row."""
-    bar = Sidebar()
-    qtbot.addWidget(bar)
-    bar.resize(240, 300)
-    bar.show()
-    qtbot.waitExposed(bar)
+    bar = shown(qtbot, Sidebar(), 240, 300)
     now = time.time()
     chats = [{"id": f"c{i}", "title": f"Chat {i}", "updated": now - i * 60} for i in range(80)]
     bar.show_conversations(chats, "c0")
