@@ -28,7 +28,7 @@ from core.adapters.slots import AdapterChoice, AdapterSlots, Loaded
 from core.config import SamplingConfig
 from core.decode import lean_layers
 from core.decode.attention import use_decode_attention
-from core.decode.cache import cache_bytes, crop, fork, new_cache
+from core.decode.cache import cache_bytes, crop, new_cache, planned_bytes, repeat_rows
 from core.decode.fused import FusedDecoder
 from core.decode.joint import JointStep, JointSteps
 from core.decode.prompt_cache import PromptCache
@@ -36,6 +36,7 @@ from core.decode.rows import Row, decode_rows, new_row
 from core.decode.sampling import make_generator
 from core.events import Answer, Candidate, DoneEvent, GenerationStats, RouteDecision, TokenEvent
 from core.kept_traces import KeptTrace, TraceKeeping
+from core.memory import check_rows_fit
 from core.prompting.chat_format import DEFAULT_SYSTEM, PromptTooLong, RawPrompt, build_prompt_ids, stop_token_ids
 from core.prompting.markers import ReasoningMarkers
 from core.prompting.prompts import reasoning_system
@@ -182,6 +183,12 @@ class Engine(TraceKeeping, AdapterChoice):
         think_limit = max(1, min(budget or room, room - answer_max_tokens))
         return think_limit, max(1, min(answer_max_tokens, room - think_limit))
 
+    def _check_rows_fit(self, rows: int, start_len: int, limits: tuple[int, int], what: str) -> None:
+        """Refuse (core.memory.RequestTooLarge) `rows` rows from `start_len` tokens with these limits whose KV cache,
+        one copy a row, would not fit in the memory free now; before the rows are made."""
+        tokens = min(self.context, start_len + sum(limits) + len(self.markers.forced_close) + len(self.markers.verify))
+        check_rows_fit(rows, planned_bytes(self.model.config, self.kv, 1, tokens), what, tokens)
+
     def fused_step(self, item: Loaded | None):
         """The fused decode step under adapter `item` (None: the base model), or None where the module path must
         run: other weights than packed int4, sparse feed-forward, adapters that train whole modules (LM head)."""
@@ -268,11 +275,12 @@ class Engine(TraceKeeping, AdapterChoice):
         cache = new_cache(self.model.config, self.kv)
         logits, decision = self.open_prompt(ids, mode, cache, reuse=True)
         start_len = cache.get_seq_length()
-        cache = self.last_cache = fork(cache, n)
-        kv_bytes = cache_bytes(cache)
         verify = decision.reason and self.verifier is not None
         think_limit, answer_limit = self._limits(start_len + len(self.markers.verify), decision.reason, budget,
                                                  answer_max_tokens, cfg)
+        self._check_rows_fit(n, start_len, (think_limit, answer_limit), "parallel answers")
+        cache = self.last_cache = repeat_rows(cache, n)
+        kv_bytes = cache_bytes(cache)
         rows = [new_row(i, self.tokenizer, self.markers, cfg, reasoning=decision.reason, think_limit=think_limit,
                         answer_limit=answer_limit, verify=verify, seen=ids, logprobs="model") for i in range(n)]
         yield from self._decode(cache, logits.expand(n, -1), rows, cfg, decision.reason, cancel, skill)
@@ -338,11 +346,12 @@ class Engine(TraceKeeping, AdapterChoice):
         input_ids = torch.tensor([[pad] * (width - len(s)) + s for s in seqs])
         mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in seqs])
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        think_limit, answer_limit = self._limits(width, reasoning, budget, answer_max_tokens, cfg)
+        self._check_rows_fit(len(seqs), width, (think_limit, answer_limit), "prompts in one batch")
         cache = new_cache(self.model.config, self.kv)
         with self._base(), torch.inference_mode(), self._scoring(cache, mask):
             logits = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, cache=cache,
                                 use_cache=True, logits_to_keep=1).logits[:, -1]
-        think_limit, answer_limit = self._limits(width, reasoning, budget, answer_max_tokens, cfg)
         rows = [new_row(i, self.tokenizer, self.markers, cfg, reasoning=reasoning, think_limit=think_limit,
                         answer_limit=answer_limit, seen=ids) for i, ids in enumerate(prompt_ids)]
         for _event in self._decode(cache, logits, rows, cfg, reasoning, None, skill, mask=mask,

@@ -318,7 +318,8 @@ def load_engine(cfg: EngineConfig | None = None, store: ModelStore | None = None
     cfg = cfg or EngineConfig()
     store = store or ModelStore()
     installed = store.get(cfg.model_id)
-    store.check_fits(installed.spec, cfg.precision, cfg.kv, cfg.context)
+    # one row of KV cache a full context long, and the prompt cache's stored prompts (one row each)
+    store.check_fits(installed.spec, cfg.precision, cfg.kv, cfg.context + max(0, cfg.prompt_cache_tokens))
     set_threads(cfg.threads)
     tokenizer = load_tokenizer(installed.hf_dir)
     warnings: list[str] = []

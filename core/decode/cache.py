@@ -177,6 +177,26 @@ def allocated_bytes(cache: Cache) -> int:
     return total
 
 
+def kv_bytes_per_token(config, kv: str = "bf16") -> int:
+    """Bytes one token of one row takes in a cache for `config`, every layer together: bf16 keys and values, or
+    int8 ones with one bf16 scale per token and head (what `cache_bytes` counts per token)."""
+    heads = config.num_key_value_heads
+    dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    per_layer = 2 * heads * (dim + 2) if kv == "int8" else 2 * heads * dim * 2
+    return config.num_hidden_layers * per_layer
+
+
+def planned_bytes(config, kv: str, rows: int, tokens: int) -> int:
+    """The most bytes a cache for `config` takes while `rows` rows grow to at most `tokens` tokens each:
+    every layer's buffers at their largest (int8: a capacity of up to `tokens + GROWTH`, never under
+    INITIAL_CAPACITY; bf16: exactly the tokens), plus one layer's old buffers, alive while that layer is copied
+    to grow (int8's `_ensure_capacity`, bf16's `torch.cat`) or to drop finished rows (`batch_select_indices`).
+    Rows are separate copies: N answers from one prompt hold its keys and values N times."""
+    capacity = max(INITIAL_CAPACITY, tokens + GROWTH) if kv == "int8" else tokens
+    layers = config.num_hidden_layers
+    return rows * capacity * kv_bytes_per_token(config, kv) * (layers + 1) // layers
+
+
 def cache_length(cache: Cache) -> int:
     return cache.get_seq_length()
 
@@ -187,6 +207,14 @@ def fork(cache: Cache, n: int) -> Cache:
     if n > 1:
         clone.batch_repeat_interleave(n)
     return clone
+
+
+def repeat_rows(cache: Cache, n: int) -> Cache:
+    """`cache`'s one row repeated n times, in place (N streams from one prefill whose one-row cache is not needed
+    again): unlike `fork`, no copy of the prefill stays beside the n rows while they are made. Returns `cache`."""
+    if n > 1:
+        cache.batch_repeat_interleave(n)
+    return cache
 
 
 def crop(cache: Cache, length: int) -> None:

@@ -9,8 +9,11 @@ from core.decode.cache import (
     crop,
     dequantize_int8,
     fork,
+    kv_bytes_per_token,
     new_cache,
+    planned_bytes,
     quantize_int8,
+    repeat_rows,
 )
 from core.loading import load_plain
 from models.registry import KNOWN_MODELS
@@ -123,3 +126,61 @@ def test_int8_buffers_grow_by_a_few_tokens_so_allocated_bytes_stay_near_used(tin
     assert layer.q.shape[-2] <= 2051 + GROWTH  # not doubled to 4,096
     ratio = allocated_bytes(caches["int8"]) / allocated_bytes(caches["bf16"])
     assert ratio <= 0.55, ratio
+
+
+def _layer_bytes(layer) -> int:
+    if isinstance(layer, Int8KVLayer):
+        return layer.allocated_bytes()
+    keys = getattr(layer, "keys", None)
+    return 0 if keys is None else keys.untyped_storage().nbytes() + layer.values.untyped_storage().nbytes()
+
+
+def _peak_bytes(config, kv: str, rows: int, prompt: int, tokens: int, monkeypatch) -> int:
+    """The most bytes a cache allocates while a one-row prefill of `prompt` tokens becomes `rows` rows (in place,
+    as parallel answers make them) that decode one token a step to `tokens` tokens, one row finishing early;
+    every operation that copies a layer's buffers counts that layer's old ones too, alive until replaced."""
+    cache, peak = new_cache(config, kv), [0]
+
+    def copying(original):
+        def wrapped(this, *args, **kwargs):
+            old = _layer_bytes(this)
+            out = original(this, *args, **kwargs)
+            peak[0] = max(peak[0], allocated_bytes(cache) + old)
+            return out
+        return wrapped
+
+    with monkeypatch.context() as patch:
+        for cls, names in ((Int8KVLayer, ("_ensure_capacity", "_map_rows")),
+                           (DynamicLayer, ("update", "batch_repeat_interleave", "batch_select_indices"))):
+            for name in names:
+                patch.setattr(cls, name, copying(getattr(cls, name)))
+        heads, dim = config.num_key_value_heads, config.hidden_size // config.num_attention_heads
+        for layer in range(config.num_hidden_layers):
+            x = torch.randn(1, heads, prompt, dim, dtype=torch.bfloat16)
+            cache.update(x, x, layer)
+        repeat_rows(cache, rows)
+        assert cache_bytes(cache) == rows * prompt * kv_bytes_per_token(config, kv)  # a copy a row
+        live = rows
+        for t in range(prompt, tokens):
+            if t == prompt + 30:
+                live -= 1
+                cache.batch_select_indices(torch.arange(live))  # a row finished
+            for layer in range(config.num_hidden_layers):
+                step = torch.randn(live, heads, 1, dim, dtype=torch.bfloat16)
+                cache.update(step, step, layer)
+            peak[0] = max(peak[0], allocated_bytes(cache))
+    assert cache.get_seq_length() == tokens
+    return peak[0]
+
+
+def test_planned_bytes_bound_n_rows_from_one_prompt_near_a_full_context(tiny_engine, monkeypatch):
+    """N rows from one prompt hold N copies of its keys and values (no sharing): `planned_bytes` for N rows counts
+    them, and bounds what the cache really allocates at its peak (int8 capacity steps, bf16 concatenations, rows
+    made and dropped), where a one-copy estimate falls N times short."""
+    config = tiny_engine.model.config
+    rows, prompt, tokens = 8, 440, 500
+    for kv in ("bf16", "int8"):
+        peak = _peak_bytes(config, kv, rows, prompt, tokens, monkeypatch)
+        one_copy = kv_bytes_per_token(config, kv) * tokens
+        assert rows * one_copy * 0.8 < peak <= planned_bytes(config, kv, rows, tokens), kv
+        assert planned_bytes(config, kv, rows, tokens) == rows * planned_bytes(config, kv, 1, tokens)

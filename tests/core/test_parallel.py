@@ -4,8 +4,10 @@ import torch
 
 from core.adapters import lora as adapters
 from core.config import SamplingConfig
+from core.decode.cache import PonderCache, PonderDynamicCache, allocated_bytes, planned_bytes
 from core.engine import Engine
 from core.events import DoneEvent, PhaseEvent, TokenEvent
+from core.memory import FREE_SHARE, RequestTooLarge
 from core.reasoning.verifier import Verifier
 from models.heads import VerifierHead, chunk_ema, load_head, save_head
 from tests.tiny import make_model, make_tokenizer
@@ -76,3 +78,65 @@ def test_chunk_ema_matches_formula():
     h = torch.arange(6.0).view(6, 1)  # chunks of 2: means 0.5, 2.5, 4.5
     expected = 0.5 * 4.5 + 0.5 * (0.5 * 2.5 + 0.5 * 0.5)
     assert chunk_ema(h, chunk=2, alpha=0.5).item() == expected
+
+
+def long_question(engine: Engine, tokens: int) -> str:
+    """A question whose prompt is just under `tokens` tokens."""
+    words = "What is 17*23? Let me think step by step about it."
+    text = words
+    while len(engine.prompt_ids(text + " " + words)) < tokens:
+        text += " " + words
+    return text
+
+
+def fake_free_memory(monkeypatch, free: int) -> None:
+    import psutil
+
+    real = psutil.virtual_memory()
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: real._replace(available=free))
+
+
+@pytest.mark.parametrize("kv", ["bf16", "int8"])
+def test_parallel_rows_near_a_full_context_allocate_no_more_than_planned(kv):
+    """Eight answers from one prompt that nearly fills the context: the cache holds a copy a row, and what it
+    allocates while they decode stays within what the refusal check plans for (core.decode.cache.planned_bytes)."""
+    engine = Engine(make_model(448), make_tokenizer(), model_id="tiny", context=512, kv=kv)
+    question = long_question(engine, 430)
+    cfg = SamplingConfig(temperature=1.0, top_k=0, top_p=1.0, max_tokens=40, seed=1, repetition_penalty=1.0,
+                         ignore_eos=True)
+    n, most, events = 8, 0, []
+    for event in engine.parallel(question, cfg, n=n, mode="base"):
+        most = max(most, allocated_bytes(engine.last_cache))
+        events.append(event)
+    answer = events[-1].answer
+    made = answer.candidates[0].answer_tokens  # every row runs to the answer limit (the context's room left)
+    assert made > 10 and all(c.answer_tokens == made and c.finish_reason == "length" for c in answer.candidates)
+    tokens = answer.stats.prompt_tokens + made
+    assert tokens > 0.85 * engine.context
+    one_row = planned_bytes(engine.model.config, kv, 1, tokens)
+    assert n * one_row * 0.5 < most <= planned_bytes(engine.model.config, kv, n, tokens)
+
+
+def test_parallel_answers_that_would_not_fit_are_refused_before_the_rows_are_made(monkeypatch):
+    """Eight rows of a nearly full context are eight copies of its KV cache: with memory free for two, the request
+    is refused with a clear error saying how many would fit, before the one-row prefill is repeated into rows."""
+    engine = Engine(make_model(448), make_tokenizer(), model_id="tiny", context=512, kv="int8")
+    question = long_question(engine, 440)
+    config = engine.model.config
+    repeated = []
+    for cls in (PonderCache, PonderDynamicCache):
+        original = cls.batch_repeat_interleave
+        monkeypatch.setattr(cls, "batch_repeat_interleave",
+                            lambda self, n, original=original: (repeated.append(n), original(self, n))[1])
+    # a row takes between its prompt's tokens and the whole context: room for 2.5 of the largest is 2 rows
+    largest = planned_bytes(config, "int8", 1, engine.context)
+    fake_free_memory(monkeypatch, int(2.5 * largest / FREE_SHARE))
+    with pytest.raises(RequestTooLarge, match=r"8 parallel answers .* MiB .* ask for 2 at most"):
+        next(engine.parallel(question, SAMPLE, n=8, mode="base"))
+    assert repeated == []
+    fake_free_memory(monkeypatch, int(8.5 * largest / FREE_SHARE))
+    events = list(engine.parallel(question, SAMPLE, n=8, mode="base"))
+    assert isinstance(events[-1], DoneEvent) and len(events[-1].answer.candidates) == 8 and repeated == [8]
+    fake_free_memory(monkeypatch, largest // 2)
+    with pytest.raises(RequestTooLarge, match="shorter conversation"):
+        next(engine.parallel(question, SAMPLE, n=2, mode="base"))
