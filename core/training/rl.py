@@ -69,9 +69,9 @@ from core.training.checkpoint import (
     read_state,
     save_checkpoint,
 )
+from core.training.masked_sft import lr_at
 from core.training.rewards import apply_update, group_advantages, policy_update, reward
 from core.training.rl_plots import write_curves
-from core.training.sft import lr_at
 from models.convert import AtomicDir
 from models.quantization import PRECISIONS, dequantized_copy
 from models.registry import DEFAULT_MODEL_ID, default_precision

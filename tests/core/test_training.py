@@ -10,7 +10,7 @@ from core.config import SftArgs
 from core.data.sft import encode_example, example_from_row, gsm8k_example, traces_from_eval
 from core.data.train import TrainRecord
 from core.decode.cache import new_cache
-from core.training.sft import masked_lora_loss, train_sft
+from core.training.masked_sft import masked_lora_loss, train_sft
 from tests.tiny import make_model, make_tokenizer
 
 GSM_ROW = {"question": "Natalia sold 48 clips in April and half as many in May. How many in total?",
@@ -148,7 +148,8 @@ def test_stop_file_checkpoint_then_resume_matches_an_uninterrupted_run(tiny_stor
     from safetensors.torch import load_file
 
     from core.training.checkpoint import RunDir, load_checkpoint, trainable_state
-    from core.training.sft import new_optimizer, run, setup
+    from core.training.masked_sft import new_optimizer, setup
+    from core.training.sft import run
 
     args = skill_args(tmp_path)
     whole = RunDir(tmp_path / "whole")
