@@ -21,6 +21,8 @@ from pathlib import Path
 
 import sqlite_utils
 
+from core.storage.stored_json import json_object
+
 
 def _m1_initial(db: sqlite_utils.Database) -> None:
     db["conversations"].create({"id": str, "title": str, "created": float, "updated": float}, pk="id")
@@ -123,18 +125,9 @@ class Message:
     """The message this one follows (None: the chat's first message, or one of its edits)."""
 
 
-def _json_object(text: str | None) -> dict:
-    """A stored JSON object; a damaged value reads as {} (the message or chat still opens)."""
-    try:
-        value = json.loads(text or "{}")
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
 def _message(row: dict) -> Message:
     return Message(row["id"], row["conversation_id"], row["role"], row["content"] or "", row.get("thinking") or "",
-                   row["status"], row["created"], _json_object(row.get("meta")), row.get("parent_id"))
+                   row["status"], row["created"], json_object(row.get("meta")), row.get("parent_id"))
 
 
 _PATH = ("WITH RECURSIVE up(id, depth) AS (SELECT id, 0 FROM messages WHERE id = ? UNION ALL "
@@ -231,7 +224,7 @@ class ChatStore:
         row = self.db.execute("SELECT system_prompt, sampling FROM conversations WHERE id = ?", [cid]).fetchone()
         if row is None:
             return {"system_prompt": None, "sampling": {}}
-        return {"system_prompt": row[0] or None, "sampling": _json_object(row[1])}
+        return {"system_prompt": row[0] or None, "sampling": json_object(row[1])}
 
     def set_chat_settings(self, cid: str, *, system_prompt=KEEP, sampling=KEEP) -> None:
         """Set chat `cid`'s system prompt (None or blank: the default) and/or sampling overrides (None: none);

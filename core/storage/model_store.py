@@ -24,6 +24,7 @@ from pathlib import Path
 import psutil
 
 from core.storage import paths
+from core.storage.stored_json import read_json_object
 from models.convert import check_hf_folder, convert_gguf, import_hf_folder, recover_backups, remove_stale_temps
 from models.errors import (
     CorruptModelFile,
@@ -73,15 +74,6 @@ class InstalledModel:
 
 
 slugify = model_id_from_name
-
-
-def _json_object(path: Path) -> dict:
-    """A JSON object read from `path`; {} when it is missing, unreadable or not an object."""
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return value if isinstance(value, dict) else {}
 
 
 def folder_bytes(folder: Path) -> int:
@@ -137,10 +129,10 @@ class ModelStore:
             raise ModelNotInstalled(f"Model '{model_id}' is not installed (installed: {known}). "
                                     f"Run `ponder setup` or `ponder models install {model_id}`.")
         folder = self.folder(model_id)
-        manifest = _json_object(folder / "manifest.json")  # names and provenance only: damaged, the model still runs
+        manifest = read_json_object(folder / "manifest.json")  # names and provenance only: damaged, the model still runs
         spec = KNOWN_MODELS.get(model_id)
         if spec is None:
-            config = _json_object(folder / "hf" / "config.json")
+            config = read_json_object(folder / "hf" / "config.json")
             if not config:
                 raise CorruptModelFile(f"Model '{model_id}' is damaged: {folder / 'hf' / 'config.json'} cannot be "
                                        f"read. Remove it (`ponder models remove {model_id}`) and import it again.")

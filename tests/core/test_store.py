@@ -72,6 +72,22 @@ def test_damaged_stored_json_reads_as_unset_not_a_crash(tmp_path):
     assert [m.meta for m in store.path(cid)] == [{}] and [m.content for m in store.path(cid)] == ["hi"]
 
 
+def test_stored_json_objects_read_leniently(tmp_path):
+    """One reader for the chat database's JSON columns and the model store's JSON files: anything but a JSON
+    object (nothing, damaged, another type, a file missing or not UTF-8) reads as {}."""
+    from core.storage.stored_json import json_object, read_json_object
+
+    assert json_object('{"a": 1}') == {"a": 1}
+    assert [json_object(t) for t in (None, "", "{broken", "[1, 2]", "3")] == [{}] * 5
+    good, bad = tmp_path / "good.json", tmp_path / "bad.json"
+    good.write_text('{"display_name": "Tiny"}', encoding="utf-8")
+    assert read_json_object(good) == {"display_name": "Tiny"}
+    for content in (b"", b"[1, 2", b'"text"', b"\xff\xfe{"):
+        bad.write_bytes(content)
+        assert read_json_object(bad) == {}
+    assert read_json_object(tmp_path / "missing.json") == {} and read_json_object(tmp_path) == {}
+
+
 def test_migrates_from_every_earlier_schema(tmp_path):
     for version in range(1, SCHEMA_VERSION):
         path = tmp_path / f"v{version}.db"
