@@ -1,7 +1,8 @@
 """Markdown → Qt rich text for one message: markdown-it-py (CommonMark + tables + strikethrough) on the raw text
 with HTML off (typed tags and chat-template tokens stay text), code highlighted by pygments with inline styles
 under a header (language, Copy link), math (`$…$`, `\\(…\\)`, `$$…$$`, `\\[…\\]`, `\\boxed{…}` also in prose)
-as images from ui.math_render. Links are shown, never fetched; remote images become links."""
+as images from ui.math_render. Links are shown, never fetched; remote images become links. A long table shows
+its first rows and a note with a Copy link for all of it (ui.markdown_tables)."""
 from __future__ import annotations
 
 import hashlib
@@ -16,6 +17,7 @@ from mdit_py_plugins.dollarmath import dollarmath_plugin
 from PySide6.QtGui import QImage
 
 from ui import math_render
+from ui.markdown_tables import bound_tables, table_note
 
 LIGHT = {"text": "#1f2328", "muted": "#57606a", "link": "#0969da", "code_bg": "#f6f8fa", "code_head": "#eaeef2",
          "border": "#d0d7de", "inline_bg": "#eff1f3", "th_bg": "#f6f8fa", "quote": "#57606a", "pygments": "default"}
@@ -29,7 +31,7 @@ MONO = "'JetBrains Mono', 'Cascadia Mono', 'DejaVu Sans Mono', Menlo, Consolas, 
 class Rendered:
     html: str  # for a QTextDocument / QTextBrowser (Qt's HTML subset: tables, inline styles, img)
     images: dict[str, QImage] = field(default_factory=dict)  # "ponder-math:<hash>" -> image, for addResource
-    code_blocks: dict[str, str] = field(default_factory=dict)  # key -> raw code, for "ponder:copycode/<key>"
+    code_blocks: dict[str, str] = field(default_factory=dict)  # key -> raw code (or a cut table), for "ponder:copycode/<key>"
 
 
 # ---- math syntax: \( \) \[ \] and \boxed{} inline, $$ / \[ blocks that may interrupt a paragraph ----
@@ -125,6 +127,7 @@ def _parser() -> MarkdownIt:
     md.inline.ruler.before("escape", "ponder_math", _math_inline)
     md.block.ruler.before("fence", "ponder_math_block", _math_block,
                           {"alt": ["paragraph", "reference", "blockquote", "list"]})
+    md.core.ruler.before("inline", "ponder_tables", bound_tables)  # long tables cut before their cells are parsed
     _renderer_rules(md)
     return md
 
@@ -186,6 +189,8 @@ class _Env:
         self.colours = DARK if dark else LIGHT
         self.images: dict[str, QImage] = {}
         self.code_blocks: dict[str, str] = {}
+        self.tables: dict[str, str] = {}
+        """Whole cut tables as typed, by the key of their Copy link."""
 
     def image_tag(self, image: QImage, key: tuple) -> str:
         url = "ponder-math:" + hashlib.blake2b(repr(key).encode(), digest_size=10).hexdigest()
@@ -311,6 +316,10 @@ def _table_open(self, tokens, idx, options, env: _Env) -> str:
             f'margin-bottom:6px">\n')
 
 
+def _table_close(self, tokens, idx, options, env: _Env) -> str:
+    return "</table>\n" + table_note(tokens[idx].meta, env.colours, env.key_prefix, env.streaming, env.tables)
+
+
 def _cell_open(self, tokens, idx, options, env: _Env) -> str:
     tok = tokens[idx]
     tag = tok.tag
@@ -334,7 +343,7 @@ def _renderer_rules(md: MarkdownIt) -> None:
         "fence": _fence, "code_block": _fence, "code_inline": _code_inline,
         "math_inline": _math_inline_rule, "math_inline_double": _math_inline_rule, "ponder_math": _math_inline_rule,
         "math_block": _math_block_rule, "ponder_math_block": _math_block_rule,
-        "image": _image, "link_open": _link_open, "table_open": _table_open,
+        "image": _image, "link_open": _link_open, "table_open": _table_open, "table_close": _table_close,
         "th_open": _cell_open, "td_open": _cell_open, "blockquote_open": _blockquote_open, "hr": _hr,
     }.items():
         md.add_render_rule(name, fn)
@@ -374,9 +383,9 @@ def open_fence_line(text: str) -> int | None:
 def render_markdown(text: str, *, dark: bool = False, key_prefix: str = "", streaming: bool = False,
                     font_px: int = 15) -> Rendered:
     """One message as Qt rich text. `key_prefix` makes the copy keys unique in the transcript (keys are
-    `<key_prefix><n>`, n from 0 in order). `streaming`: a code fence still open at the end is shown plain,
-    without highlighting or Copy; math, `\\boxed` and `\\[` that have not closed yet stay text. `font_px`: the
-    body text's pixel size, which formulas are set to match."""
+    `<key_prefix><n>`, n from 0 in order; a cut table's `<key_prefix>table-<line>`). `streaming`: a code fence
+    still open at the end is shown plain, without highlighting or Copy; math, `\\boxed` and `\\[` that have not
+    closed yet stay text. `font_px`: the body text's pixel size, which formulas are set to match."""
     md = _parser()
     if streaming:
         warm_up()
@@ -385,4 +394,4 @@ def render_markdown(text: str, *, dark: bool = False, key_prefix: str = "", stre
     env = _Env(dark, key_prefix, streaming, open_fence_line(text) if streaming else None, font_px)
     tokens = md.parse(text, {})
     body = md.renderer.render(tokens, md.options, env)
-    return Rendered(html=body, images=env.images, code_blocks=env.code_blocks)
+    return Rendered(html=body, images=env.images, code_blocks={**env.code_blocks, **env.tables})

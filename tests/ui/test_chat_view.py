@@ -113,6 +113,22 @@ def test_links_in_a_message_never_run_an_action(qtbot):
     assert got == [("copycode", [key])]
 
 
+def test_a_huge_table_in_a_reply_is_drawn_bounded_and_copies_whole(qtbot):
+    from PySide6.QtGui import QTextTable
+
+    from ui.markdown_tables import MAX_TABLE_ROWS
+
+    table = "| n | square |\n|---|---|\n" + "\n".join(f"| {i} | {i * i} |" for i in range(2000))
+    view = view_with(qtbot, [msg(1, "user", "Squares?"), msg(2, "assistant", f"Here:\n\n{table}")])
+    card = view.card(2)
+    (drawn,) = [f for f in card.content.document().rootFrame().childFrames() if isinstance(f, QTextTable)]
+    assert drawn.rows() == 1 + MAX_TABLE_ROWS and "more rows not shown" in view.toPlainText()
+    got = []
+    view.action.connect(lambda verb, args: got.append((verb, args)))
+    card.content.anchorClicked.emit(QUrl("ponder:copycode/2-table-2"))  # the note's Copy link
+    assert got == [("copycode", ["2-table-2"])] and view.code_blocks["2-table-2"] == table  # what the window copies
+
+
 def test_a_finished_trace_is_typeset_and_a_live_one_grows_as_text(qtbot):
     trace = "Half of $\\frac{16}{2}$ is **8**, and <b>a tag</b> stays text."
     meta = {"route": {"reason": True}, "thinking_tokens": 20, "budget": 64}

@@ -332,3 +332,30 @@ def test_long_code_lines_wrap_inside_the_width_and_copy_whole():
     doc = document(r)
     assert doc.idealWidth() <= 600 + 1 and doc.size().width() <= 600 + 1
     assert r.code_blocks == {"w0": line}
+
+
+def huge_table(rows: int) -> str:
+    return "| # | item | price |\n|---|:---|---:|\n" + "\n".join(f"| {i} | *thing* {i} | {i * 2.5} |" for i in range(rows))
+
+
+def test_a_huge_table_renders_its_first_rows_and_a_note_with_the_whole_table_to_copy():
+    """A 2,000-row table: a bounded document (MAX_TABLE_ROWS body rows, then a note); the whole table stays
+    copyable through the note's link; the code blocks around it keep their keys; a normal table is untouched."""
+    from ui.markdown_tables import MAX_TABLE_ROWS
+
+    table = huge_table(2000)
+    r = render_markdown(f"Prices:\n\n```\nbefore\n```\n\n{table}\n\nThat is all.\n\n```\nafter\n```", key_prefix="m5-")
+    doc = document(r)
+    (big,) = [f for f in doc.rootFrame().childFrames() if isinstance(f, QTextTable) and f.columns() == 3]
+    assert big.rows() == 1 + MAX_TABLE_ROWS  # the header and the first rows; the code blocks are tables of 2
+    text = doc.toPlainText()
+    assert f"… {2000 - MAX_TABLE_ROWS:,} more rows not shown" in text and "That is all." in text
+    assert f"thing {MAX_TABLE_ROWS - 1}" in text and f"thing {MAX_TABLE_ROWS}" not in text
+    assert r.code_blocks["m5-0"] == "before" and r.code_blocks["m5-1"] == "after"  # fence keys as before
+    assert anchors(doc) == ["ponder:copycode/m5-0", "ponder:copycode/m5-table-6", "ponder:copycode/m5-1"]
+    assert r.code_blocks["m5-table-6"] == table  # the whole table, as typed
+    streaming = document(render_markdown(table, streaming=True))  # still growing: the note, no Copy link yet
+    assert "more rows not shown" in streaming.toPlainText() and not anchors(streaming)
+    normal = document(render_markdown(huge_table(MAX_TABLE_ROWS)))
+    (small,) = [f for f in normal.rootFrame().childFrames() if isinstance(f, QTextTable)]  # no code block here
+    assert small.rows() == 1 + MAX_TABLE_ROWS and "not shown" not in normal.toPlainText() and not anchors(normal)
