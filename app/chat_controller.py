@@ -257,14 +257,15 @@ class ChatController(QObject):
             return
         await self._answer(cid, history(self.store.path(cid)), options, parent_id=question)
 
-    async def regenerate(self, options: ReplyOptions) -> None:
-        """Answer the last question again, as a new sibling of its reply: the old reply stays shown until the
-        new one has finished, then the new one is shown (the old one one step back with ‹)."""
+    async def regenerate(self, options: ReplyOptions, message_id: int | None = None) -> None:
+        """Answer the question of reply `message_id` (None: the shown branch's last reply) again, as a new sibling
+        of that reply: what follows the question stays shown until the new reply has finished, then the new one is
+        (the old one step back with ‹). Nothing happens without such a reply or a question before it (a delete)."""
         msgs = self.messages()
-        if not msgs or self.service.busy:
-            return
-        q = max((i for i, m in enumerate(msgs) if m.role == "user"), default=None)
-        if q is None:
+        r = next((i for i in reversed(range(len(msgs))) if msgs[i].role == "assistant"
+                  and message_id in (None, msgs[i].id)), None)
+        q = None if r is None else next((i for i in reversed(range(r)) if msgs[i].role == "user"), None)
+        if q is None or self.service.busy:
             return
         await self._answer(self.current, history(msgs[: q + 1]), self.with_chat_settings(options),
                            parent_id=msgs[q].id, replaces=tuple(m.id for m in msgs[q + 1:]))

@@ -164,13 +164,15 @@ class ChatView(QScrollArea):
         branches = branches or {}
         self.live_id = getattr(live, "message_id", None)
         last_assistant = max((m.id for m in messages if m.role == "assistant"), default=None)
-        # Retry asks the branch's last question again: only its reply (the last row) offers it
+        # Retry asks its reply's question again: only the branch's last reply (the last row) offers it
         last_reply = messages[-1].id if messages and messages[-1].role == "assistant" else None
         ids = [m.id for m in messages]
+        asked = False  # a question comes before the row: only then can a reply be answered again
         if self.live_id is not None and self.live_id not in ids:  # an alternative streams after the shown reply
             messages = [*messages, LiveRow(self.live_id, "assistant", "", "", "streaming", {})]
             ids.append(self.live_id)
         for m in messages:
+            asked = asked or m.role == "user"
             card = self._card(m)
             if m.id == self.live_id:
                 card.show_live(live)
@@ -179,10 +181,10 @@ class ChatView(QScrollArea):
             done = m.id != self.live_id
             reasoned = bool(m.thinking) and m.role == "assistant"
             card.offer(copy=done, edit=m.role == "user" and not busy,
-                       regenerate=m.role == "assistant" and m.id == last_assistant and not busy and done,
+                       regenerate=m.role == "assistant" and m.id == last_assistant and asked and not busy and done,
                        think=reasoned and can_reason and not busy and done,
                        details=m.role == "assistant" and done, delete=can_delete and not busy and done)
-            card.retry_button.setVisible(m.id == last_reply)
+            card.retry_button.setVisible(m.id == last_reply and asked)
             card.retry_button.setEnabled(not busy)
             card.set_branch(branches.get(m.id))
         if ids != self.order:

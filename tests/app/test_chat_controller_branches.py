@@ -277,3 +277,53 @@ def test_parallel_streams_carry_exact_token_counts_for_their_rows(loop, tmp_path
     for stream in last.values():
         assert 1 <= stream["thinking_tokens"] <= 6
         assert stream["answer_tokens"] >= 1  # the forced "Final answer" prefix counts as answer tokens too
+
+
+def test_regenerate_after_the_last_reply_was_deleted_answers_that_replys_own_question(qtbot, loop, tmp_path,
+                                                                                       tiny_engine):
+    """Deleting the last reply leaves its question unanswered: Regenerate on the reply before it answers that
+    reply's question again (on the real tiny model), never the unanswered last one."""
+    from dataclasses import replace
+
+    from tests.ui.helpers import ask, make_window
+
+    win = make_window(qtbot, loop, tmp_path, tiny_engine)
+    win.settings = replace(win.settings, answer_max_tokens=16)
+    try:
+        ask(win, loop, "First?", "base")
+        last = ask(win, loop, "Second?", "base")
+        q1, r1, q2, _ = win.controller.messages()
+        assert win.controller.delete_message(last.id)  # the reply only: its question stays
+        assert win.controller.messages() == [q1, r1, q2] and win.view.offered(r1.id, "regenerate")
+        rows = lambda: win.controller.store.messages(win.controller.current)  # noqa: E731
+        win.view.card(r1.id).buttons["regenerate"].click()
+        assert run_until(loop, lambda: len(rows()) == 4 and win.controller.live is None, 30)
+        new = rows()[-1]
+        assert new.role == "assistant" and new.parent_id == q1.id  # r1's question, not q2
+        assert win.controller.messages() == [q1, new] and win.controller.branch(new) == (2, 2)
+        win.controller.switch_branch(new.id, -1)  # the old branch, with its unanswered question, one step back
+        assert win.controller.messages() == [q1, r1, q2]
+    finally:
+        win.service.shutdown()
+
+
+def test_a_reply_with_no_question_before_it_cannot_be_regenerated(qtbot, loop, tmp_path, tiny_engine):
+    """Nothing is left to answer (a chat whose first row is a reply): no Regenerate or Retry on it, and the
+    action from a stale card does nothing."""
+    from tests.ui.helpers import make_window
+
+    win = make_window(qtbot, loop, tmp_path, tiny_engine)
+    try:
+        store = win.controller.store
+        cid = store.new_conversation("Greeting")
+        reply = store.add_message(cid, "assistant", "Hello!", status="error")
+        win.controller.open(cid)
+        card = win.view.card(reply)
+        assert card is not None and not win.view.offered(reply, "regenerate")
+        assert not card.retry_button.isVisibleTo(card)
+        win.on_action("regenerate", [str(reply)])
+        loop.run_until_complete(win.controller.regenerate(BASE, reply))
+        loop.run_until_complete(win.controller.regenerate(BASE))
+        assert [m.id for m in store.messages(cid)] == [reply] and not win.service.busy
+    finally:
+        win.service.shutdown()
