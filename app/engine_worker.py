@@ -324,8 +324,10 @@ class EngineWorker:
             gen.cancel.set()
             future.cancel()
 
-    def shutdown(self, wait: bool = True) -> None:
-        """Cancel what is queued, let the running generations end, stop the thread (joined when `wait`)."""
+    def shutdown(self, wait: bool = True, timeout: float | None = None) -> bool:
+        """Cancel what is queued, let the running job end, stop the thread (joined when `wait`, for at most
+        `timeout` seconds). True when the thread has ended; False when a job still runs on it (a model load
+        inside a library call): the thread is a daemon, left to finish that step alone."""
         with self._cond:
             self._stopping = True
             for job in self._jobs:
@@ -334,4 +336,5 @@ class EngineWorker:
             self._jobs.clear()
             self._cond.notify_all()
         if wait and threading.current_thread() is not self._thread:
-            self._thread.join()
+            self._thread.join(timeout)
+        return not self._thread.is_alive()

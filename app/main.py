@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import sys
 import warnings
 
@@ -15,6 +16,8 @@ NOISE = (
     # extensions, so the line tells the user nothing.
     ("torch.utils.cpp_extension", "No CUDA runtime is found"),
 )
+CLOSE_WAIT_S = 3.0
+"""How long closing waits for a given-up model load to reach its next step before leaving it behind."""
 QUIET_WARNINGS = (
     # transformers' deprecation notice, raised by peft when the reasoning adapter is attached.
     (FutureWarning, r"`is_gradient_checkpointing` is deprecated"),
@@ -78,18 +81,24 @@ def run_gui() -> int:
     window.show()
 
     async def start():
-        await service.start()
         closed = asyncio.Event()
         app.aboutToQuit.connect(closed.set)
+        loading = asyncio.ensure_future(service.start())  # closing the window does not wait for the load
         await closed.wait()
+        loading.cancel()
 
     try:
         qasync.run(start())
     except asyncio.CancelledError:
         pass
     finally:
-        service.shutdown()
+        stopped = service.shutdown(timeout=CLOSE_WAIT_S)
         window.model_service.shutdown()
+    if not stopped:  # a given-up load is still inside one step (reading weights): the interpreter must not be torn
+        logging.shutdown()  # down under it (torch aborts the process), so Ponder ends here; what it wrote is whole
+        sys.stdout.flush()  # (prepared weights are renamed into place only once complete)
+        sys.stderr.flush()
+        os._exit(0)
     return 0
 
 

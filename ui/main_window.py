@@ -398,8 +398,8 @@ class MainWindow(QMainWindow, AdapterActions, ShellActions):
             QGuiApplication.clipboard().setText(self.view.code_blocks.get(args[0], ""))
         elif verb == "details" and mid in msgs:
             show_info(self, "Answer details", details_text(msgs[mid]))
-        elif verb in ("regen", "regenerate", "retry"):
-            self.spawn(self.controller.regenerate(self.options()))
+        elif verb in ("regen", "regenerate", "retry") and (mid is None or mid in msgs):  # that reply's question
+            self.spawn(self.controller.regenerate(self.options(), mid))
         elif verb in ("longer", "think"):
             self.spawn(self.controller.think_longer(mid, 256))
         elif verb == "pick":
@@ -433,6 +433,7 @@ class MainWindow(QMainWindow, AdapterActions, ShellActions):
         if self.server is not None:
             self.server.stop()
         self.service.cancel()
+        self.service.stop_loading()  # a model still loading is given up: closing never waits for it
         geometry = bytes(self.saveGeometry().data())
         self.controller.save_window_state(base64.b64encode(geometry).decode())
         super().closeEvent(event)

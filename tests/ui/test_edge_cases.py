@@ -186,3 +186,67 @@ def test_a_question_asked_when_no_model_loads_goes_back_into_the_box(qtbot, loop
     win.composer.send_button.click()
     assert win.composer.input.toPlainText() == "Hello?" and "No model is loaded" in win.status.text()
     service.shutdown()
+
+
+
+def held_load(tiny_store):
+    """A service whose first-launch measurement (seconds on a real computer) waits for `measured`; the load after
+    it would prepare the tiny model's W4 weights."""
+    import threading
+
+    from app.engine_service import EngineService
+    from core.config import EngineConfig
+    from core.machine_fit import ModelChoice
+    from tests.conftest import TINY_ID
+
+    measuring, measured = threading.Event(), threading.Event()
+
+    def choose():
+        measuring.set()
+        measured.wait(60)
+        return ModelChoice(TINY_ID, "Tiny.", 50.0, 16 * 2**30)
+
+    return EngineService(EngineConfig(model_id=TINY_ID), store=tiny_store, choose=choose), measuring, measured
+
+
+def test_closing_the_window_while_the_model_loads_gives_the_load_up(qtbot, loop, tiny_store, tmp_path):
+    """Closing during a load used to let the load run to its end (and the app wait for it): now the load stops at
+    its next step, installs no model, reports nothing and prepares no weights (whole or half-written)."""
+    from app.chat_controller import ChatController
+    from core.storage.chats import ChatStore
+    from tests.conftest import TINY_ID
+    from ui.main_window import MainWindow
+
+    folder = tiny_store.get(TINY_ID).folder
+    before = sorted(p.name for p in folder.iterdir())
+    service, measuring, measured = held_load(tiny_store)
+    states, errors = [], []
+    service.stateChanged.connect(states.append)
+    service.failed.connect(errors.append)
+    win = MainWindow(service, ChatController(service, ChatStore(tmp_path / "c.db", flush_s=0.01)))
+    qtbot.addWidget(win)
+    win.show()
+    starting = loop.create_task(service.start())
+    try:
+        assert run_until(loop, measuring.is_set, 30)
+        win.close()
+    finally:
+        measured.set()
+    assert run_until(loop, starting.done, 60) and starting.result() is False
+    assert states == ["loading"] and errors == [] and not service.ready and service.worker.engine is None
+    assert sorted(p.name for p in folder.iterdir()) == before  # no w4-h4 folder, nor a temporary one
+    service.shutdown()
+
+
+def test_shutdown_returns_while_a_load_is_inside_a_step(loop, tiny_store):
+    """The app's shutdown used to join the engine thread until the load had finished; it now waits at most its
+    timeout, says the thread is still busy, and the load ends at its next step."""
+    service, measuring, measured = held_load(tiny_store)
+    starting = loop.create_task(service.start())
+    try:
+        assert run_until(loop, measuring.is_set, 30)
+        assert service.shutdown(timeout=0.2) is False and not measured.is_set()  # back while the load is held
+    finally:
+        measured.set()
+    assert run_until(loop, starting.done, 60) and starting.result() is False
+    assert service.shutdown(timeout=60) is True and service.worker.engine is None
