@@ -8,6 +8,7 @@ import logging
 import multiprocessing
 import os
 import sys
+import time
 import warnings
 
 NOISE = (
@@ -17,7 +18,8 @@ NOISE = (
     ("torch.utils.cpp_extension", "No CUDA runtime is found"),
 )
 CLOSE_WAIT_S = 3.0
-"""How long closing waits for a given-up model load to reach its next step before leaving it behind."""
+"""How long closing waits for a given-up model load and model operation (install, download, import) to reach their
+next step before leaving them behind."""
 QUIET_WARNINGS = (
     # transformers' deprecation notice, raised by peft when the reasoning adapter is attached.
     (FutureWarning, r"`is_gradient_checkpointing` is deprecated"),
@@ -38,6 +40,16 @@ def choose_for_this_machine():
     from core.machine_fit import choose_model
 
     return choose_model()
+
+
+def stop_workers(services, wait_s: float = CLOSE_WAIT_S) -> bool:
+    """Shut the engine and the model manager down (anything with `shutdown(timeout)`): each gives up its job at
+    its next step, all are told before any is waited for, and together they are waited for at most `wait_s`
+    seconds. True when every worker has ended; False when one is still inside a step (left to stop there alone)."""
+    deadline = time.monotonic() + wait_s
+    for s in services:
+        s.shutdown(timeout=0)
+    return all([s.shutdown(timeout=max(0.0, deadline - time.monotonic())) for s in services])  # each one waited for
 
 
 def run_gui() -> int:
@@ -92,11 +104,10 @@ def run_gui() -> int:
     except asyncio.CancelledError:
         pass
     finally:
-        stopped = service.shutdown(timeout=CLOSE_WAIT_S)
-        window.model_service.shutdown()
-    if not stopped:  # a given-up load is still inside one step (reading weights): the interpreter must not be torn
+        stopped = stop_workers([service, window.model_service])  # a model load, install or download is given up
+    if not stopped:  # one is still inside a step (reading weights, copying a file): the interpreter must not be torn
         logging.shutdown()  # down under it (torch aborts the process), so Ponder ends here; what it wrote is whole
-        sys.stdout.flush()  # (prepared weights are renamed into place only once complete)
+        sys.stdout.flush()  # (prepared weights and installed models are renamed into place only once complete)
         sys.stderr.flush()
         os._exit(0)
     return 0

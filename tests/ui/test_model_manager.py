@@ -112,3 +112,118 @@ def test_no_header_or_value_is_clipped(manager, qtbot):
     assert not table.verticalHeader().isVisible()
     for i in range(table.rowCount()):
         assert table.rowHeight(i) >= metrics.height()
+
+
+def held_import(root):
+    """A real model store whose imports hold at their first progress report (the first file copied into the
+    temporary folder, as a large file's copy would) until `released`; the report then reaches the service."""
+    import threading
+
+    from core.storage.model_store import ModelStore
+
+    reporting, released = threading.Event(), threading.Event()
+
+    class HeldStore(ModelStore):
+        def import_hf(self, folder, model_id=None, progress=None, source=None):
+            def held(stage, done, total):
+                if not reporting.is_set():
+                    reporting.set()
+                    released.wait(60)
+                progress(stage, done, total)
+
+            return super().import_hf(folder, model_id, held, source)
+
+    return HeldStore(root), reporting, released
+
+
+def test_closing_the_window_while_a_model_imports_gives_the_import_up(qtbot, loop, ponder_home, tiny_hf_dir,
+                                                                      tmp_path, monkeypatch):
+    """Closing the window during a Tools ▸ Models job used to let it run to its end (and the app wait for it): now
+    it stops at its next progress report, installs nothing, leaves no folder (whole or temporary) and says nothing."""
+    from app.chat_controller import ChatController
+    from core.storage.chats import ChatStore
+    from tests.ui.scripted_engine import ScriptedEngine
+    from ui.main_window import MainWindow
+
+    store, reporting, released = held_import(tmp_path / "models")
+    models = ModelService(store, active_id="")
+    said = []
+    models.failed.connect(said.append)
+    models.done.connect(said.append)
+    engine = EngineService(engine=ScriptedEngine())
+    win = MainWindow(engine, ChatController(engine, ChatStore(tmp_path / "c.db", flush_s=0.01)), models)
+    qtbot.addWidget(win)
+    loop.run_until_complete(engine.start())
+    win.open_models()
+    monkeypatch.setattr(dialogs.HfFolderDialog, "ask", classmethod(lambda cls, p: str(tiny_hf_dir)))
+    try:
+        win.model_manager.folder_button.click()
+        assert run_until(loop, reporting.is_set, 30)
+        win.close()
+    finally:
+        released.set()
+    assert run_until(loop, lambda: not models.busy, 60)
+    assert said == [] and not store.is_installed(TINY_ID) and list(store.root.iterdir()) == []
+    assert models.shutdown(timeout=60) is True
+    engine.shutdown()
+
+
+def test_model_service_shutdown_returns_while_a_job_is_inside_a_step(loop, tmp_path, tiny_hf_dir):
+    """ModelService.shutdown used to join its worker until the job had finished; it now waits at most its timeout,
+    says the worker is still busy, and the job ends at its next progress report without installing anything."""
+    store, reporting, released = held_import(tmp_path / "models")
+    service = ModelService(store)
+    importing = loop.create_task(service.import_folder(tiny_hf_dir))
+    try:
+        assert run_until(loop, reporting.is_set, 30)
+        assert service.shutdown(timeout=0.2) is False and not released.is_set()  # back while the job is held
+    finally:
+        released.set()
+    assert run_until(loop, importing.done, 60) and importing.result() is False
+    assert service.shutdown(timeout=60) is True
+    assert not store.is_installed(TINY_ID) and list(store.root.iterdir()) == []
+    assert loop.run_until_complete(service.import_folder(tiny_hf_dir)) is False  # shut down: no new job starts
+
+
+def test_leaving_gives_a_held_load_and_a_held_model_job_one_wait_together(loop, tmp_path, tiny_store, tiny_hf_dir):
+    """app.main's shutdown used to wait for the model job without limit after the engine's own wait: now both are
+    given up first and waited for together at most CLOSE_WAIT_S (False: Ponder then leaves with os._exit)."""
+    import time
+
+    from app.main import stop_workers
+    from tests.ui.test_edge_cases import held_load
+
+    engine, measuring, measured = held_load(tiny_store)
+    store, reporting, released = held_import(tmp_path / "models")
+    models = ModelService(store)
+    starting = loop.create_task(engine.start())
+    importing = loop.create_task(models.import_folder(tiny_hf_dir))
+    try:
+        assert run_until(loop, lambda: measuring.is_set() and reporting.is_set(), 30)
+        began = time.monotonic()
+        assert stop_workers([engine, models], wait_s=1.0) is False
+        assert time.monotonic() - began < 2.0 and not (measured.is_set() or released.is_set())  # one wait, not two
+    finally:
+        measured.set()
+        released.set()
+    assert run_until(loop, lambda: starting.done() and importing.done(), 60)
+    assert starting.result() is False and importing.result() is False
+    assert stop_workers([engine, models], wait_s=60) is True
+    assert engine.worker.engine is None and not store.is_installed(TINY_ID) and list(store.root.iterdir()) == []
+
+
+def test_closing_the_models_dialog_leaves_its_job_running(manager, loop, tiny_hf_dir, monkeypatch):
+    """The dialog's own close (Esc, its title bar's ×) only hides it: the import goes on and installs the model."""
+    store, reporting, released = held_import(manager.service.store.root)
+    manager.service._store = store
+    monkeypatch.setattr(dialogs.HfFolderDialog, "ask", classmethod(lambda cls, p: str(tiny_hf_dir)))
+    manager.show()
+    try:
+        manager.folder_button.click()
+        assert run_until(loop, reporting.is_set, 30)
+        manager.reject()
+        assert not manager.isVisible()
+    finally:
+        released.set()
+    assert run_until(loop, lambda: not manager.service.busy, 60)
+    assert store.is_installed(TINY_ID) and "✓ Imported" in manager.message.text()
