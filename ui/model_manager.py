@@ -59,6 +59,9 @@ class ModelManager(QDialog):
         self.folder_button = QPushButton("Import folder…")
         self.download_button = QPushButton("Download from hub…")
         self.progress = QProgressBar(visible=False)
+        self.cancel_button = QPushButton("Cancel", visible=False)
+        self.cancel_button.setToolTip("Stop the install, download or import at its next step; nothing is kept")
+        self._cancelled = False
         self.message = QLabel("Memory is estimated for 4-bit weights, an 8-bit KV cache and a 4k-token context.")
         self.message.setWordWrap(True)
         buttons = QHBoxLayout()
@@ -70,7 +73,10 @@ class ModelManager(QDialog):
         layout = QVBoxLayout(self)
         layout.addWidget(self.table, 1)
         layout.addLayout(buttons)
-        layout.addWidget(self.progress)
+        working = QHBoxLayout()
+        working.addWidget(self.progress, 1)
+        working.addWidget(self.cancel_button)
+        layout.addLayout(working)
         layout.addWidget(self.message)
         self.use_button.clicked.connect(self._use)
         self.install_button.clicked.connect(lambda: self._spawn(self.service.install(self.selected_id())))
@@ -78,6 +84,7 @@ class ModelManager(QDialog):
         self.gguf_button.clicked.connect(self._import_gguf)
         self.folder_button.clicked.connect(self._import_folder)
         self.download_button.clicked.connect(self._download)
+        self.cancel_button.clicked.connect(self._cancel)
         self.table.itemSelectionChanged.connect(self._update_buttons)
         service.changed.connect(self.refresh)
         service.progress.connect(self._on_progress)
@@ -130,10 +137,22 @@ class ModelManager(QDialog):
 
     def _on_busy(self, busy: bool) -> None:
         self.progress.setVisible(busy)
+        self.cancel_button.setVisible(busy)
+        self.cancel_button.setEnabled(busy)
         if busy:
+            self._cancelled = False
             self.progress.setRange(0, 0)
             self.message.setText("Working…")
+        elif self._cancelled:
+            self.message.setText("Cancelled: nothing was kept.")
         self._update_buttons()
+
+    def _cancel(self) -> None:
+        """Give the running operation up at its next progress report (the store keeps nothing half-written)."""
+        self._cancelled = True
+        self.cancel_button.setEnabled(False)
+        self.message.setText("Cancelling… (at the next step)")
+        self.service.cancel()
 
     def _on_progress(self, stage: str, done: int, total: int) -> None:
         self.progress.setFormat(f"{STAGES.get(stage, stage)} %p%")

@@ -227,3 +227,28 @@ def test_closing_the_models_dialog_leaves_its_job_running(manager, loop, tiny_hf
         released.set()
     assert run_until(loop, lambda: not manager.service.busy, 60)
     assert store.is_installed(TINY_ID) and "✓ Imported" in manager.message.text()
+
+
+def test_cancel_in_the_dialog_gives_the_import_up_and_keeps_nothing(qtbot, loop, tmp_path, tiny_hf_dir, monkeypatch):
+    """The Models dialog's Cancel (shown only while a job runs) stops it at its next progress report: nothing
+    installed, no folder left, and the dialog says so and is ready for the next job."""
+    store, reporting, released = held_import(tmp_path / "models")
+    service = ModelService(store, active_id="")
+    dialog = ModelManager(service)
+    qtbot.addWidget(dialog)
+    dialog.show()
+    assert not dialog.cancel_button.isVisible()
+    monkeypatch.setattr(dialogs.HfFolderDialog, "ask", classmethod(lambda cls, p: str(tiny_hf_dir)))
+    try:
+        dialog.folder_button.click()
+        assert run_until(loop, reporting.is_set, 30)
+        assert run_until(loop, dialog.cancel_button.isVisible, 30) and dialog.cancel_button.isEnabled()
+        dialog.cancel_button.click()
+        assert "Cancelling" in dialog.message.text() and not dialog.cancel_button.isEnabled()
+    finally:
+        released.set()
+    assert run_until(loop, lambda: not service.busy, 60)
+    assert dialog.message.text() == "Cancelled: nothing was kept."
+    assert not dialog.cancel_button.isVisible() and dialog.folder_button.isEnabled()
+    assert not store.is_installed(TINY_ID) and list(store.root.iterdir()) == []
+    assert service.shutdown(timeout=60) is True
