@@ -15,7 +15,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .errors import CorruptModelFile, DiskFull, MissingTokenizer, ModelError, UnsafeWeights, UnsupportedArchitecture
-from .gguf_file import DISK_FULL_ERRNOS, inspect_gguf, is_disk_full
+from .gguf_file import DISK_FULL_ERRNOS, inspect_gguf, is_disk_full, require_free_space
+from .gguf_header import check_weights_cover_model
+from .registry import spec_from_config
 
 Progress = Callable[[str, int, int], None]
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json",
@@ -31,6 +33,8 @@ def _no_progress(stage: str, done: int, total: int) -> None:
 BACKUP_RE = re.compile(r"\.(?P<name>.+)\.old-(?P<pid>\d+)")
 TEMP_RE = re.compile(r"\.(?P<name>.+)\.tmp-(?P<pid>\d+)")
 OS_ERROR = re.compile(r"\(os error (\d+)\)")
+SHARD_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*\.safetensors")
+"""A shard an index may name: a plain file name in the model folder (no folder, no '..', no drive)."""
 WINDOWS_DISK_FULL = {39, 112}  # ERROR_HANDLE_DISK_FULL, ERROR_DISK_FULL
 
 
@@ -152,17 +156,25 @@ def check_hf_folder(folder: Path) -> dict:
         config = json.loads(cfg_path.read_text())
     except (OSError, ValueError) as err:
         raise CorruptModelFile(f"{cfg_path} is not valid JSON ({err}).") from err
+    if not isinstance(config, dict):
+        raise CorruptModelFile(f"{cfg_path} is not a model configuration (a JSON object).")
     model_type = config.get("model_type")
     if model_type not in QWEN2_TYPES:
         raise UnsupportedArchitecture(f"{folder.name} is a '{model_type}' model; Ponder runs Qwen2 / Qwen2.5 only.")
     if not ((folder / "tokenizer.json").is_file() or
             ((folder / "vocab.json").is_file() and (folder / "merges.txt").is_file())):
         raise MissingTokenizer(f"{folder} has no tokenizer (tokenizer.json, or vocab.json + merges.txt).")
+    spec_from_config(folder.name, config)  # its sizes are positive whole numbers
     weights = sorted(folder.glob("*.safetensors"))
     if not weights:
         if any(p.suffix in PICKLE_SUFFIXES for p in folder.iterdir()):
             raise UnsafeWeights(f"{folder} holds only pickled weights (.bin/.pt); Ponder loads safetensors only.")
         raise CorruptModelFile(f"{folder} has no *.safetensors weight files.")
+    for w in weights:  # a named pipe or device would block or never end
+        if not w.is_file():
+            raise CorruptModelFile(f"{w} is not a regular file.")
+    for index in sorted(folder.glob("*.safetensors.index.json")):
+        _check_index(index)
     from safetensors import safe_open
 
     for w in weights:
@@ -174,6 +186,23 @@ def check_hf_folder(folder: Path) -> dict:
     return config
 
 
+def _check_index(index: Path) -> None:
+    """A shard index names only shards that are files in its own folder: never a path elsewhere (transformers
+    joins it to the folder), never a shard an interrupted download left missing."""
+    try:
+        if not index.is_file():
+            raise ValueError("not a regular file")
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        shards = set(weight_map.values())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise CorruptModelFile(f"{index} is not a safetensors index ({err}).") from err
+    for shard in sorted(shards, key=str):
+        if not (isinstance(shard, str) and SHARD_NAME.fullmatch(shard)):
+            raise CorruptModelFile(f"{index.name} names the shard {shard!r}: only files in its own folder are loaded.")
+        if not (index.parent / shard).is_file():
+            raise CorruptModelFile(f"{index.name} names the shard {shard}, which is missing (an interrupted download?).")
+
+
 def import_hf_folder(src: Path, dest: Path, progress: Progress = _no_progress) -> Path:
     """Copy a validated Qwen2 HF folder (config, tokenizer, safetensors) into the store at `dest`."""
     src = Path(src)
@@ -181,6 +210,7 @@ def import_hf_folder(src: Path, dest: Path, progress: Progress = _no_progress) -
     names = ["config.json"] + [n for n in TOKENIZER_FILES if (src / n).is_file()]
     names += [p.name for p in sorted(src.glob("*.safetensors"))] + [p.name for p in src.glob("*.safetensors.index.json")]
     total = sum((src / n).stat().st_size for n in names)
+    require_free_space(Path(dest).parent, total, f"importing {src.name}")
     done = 0
     try:
         with AtomicDir(dest) as tmp:
@@ -203,12 +233,14 @@ def convert_gguf(gguf_path: Path, dest: Path, progress: Progress = _no_progress)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf_path = Path(gguf_path)
-    inspect_gguf(gguf_path)
+    header = inspect_gguf(gguf_path)["header"]
     progress("convert", 0, 3)
     try:
         tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, trust_remote_code=False)
     except Exception as err:
         raise MissingTokenizer(f"{gguf_path.name} carries no usable tokenizer ({err}).") from err
+    params = check_weights_cover_model(header, gguf_path.name)  # before transformers allocates what it declares
+    require_free_space(Path(dest).parent, params * 2, f"converting {gguf_path.name}")  # bf16
     try:
         model = AutoModelForCausalLM.from_pretrained(
             gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32, trust_remote_code=False

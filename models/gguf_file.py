@@ -8,10 +8,12 @@ import errno
 import hashlib
 import importlib.util
 import os
+import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from .errors import ChecksumMismatch, CorruptModelFile, DiskFull, ModelNotInstalled, UnsupportedArchitecture
+from .gguf_header import read_header
 
 Progress = Callable[[str, int, int], None]
 """progress(stage, done, total): called as bytes or steps complete."""
@@ -19,6 +21,8 @@ Progress = Callable[[str, int, int], None]
 CHUNK = 8 * 1024 * 1024
 SUPPORTED_ARCHITECTURES = ("qwen2",)
 DISK_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+DISK_RESERVE = 256 * 2**20
+"""Space a write leaves free on its disk: a model never fills it to the last byte under the chat database."""
 
 
 def _no_progress(stage: str, done: int, total: int) -> None:
@@ -50,6 +54,22 @@ def is_disk_full(err: OSError) -> bool:
     return err.errno in DISK_FULL_ERRNOS
 
 
+def require_free_space(folder: Path, need: int, what: str) -> None:
+    """Refuse (DiskFull) before writing `need` bytes under `folder` where its disk has not that much free (and
+    DISK_RESERVE more); a disk whose free space cannot be read is not refused here."""
+    folder = Path(folder)
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return
+    if need + DISK_RESERVE > free:
+        raise DiskFull(f"Not enough disk space for {what}: it needs {need / 2**30:.2f} GiB and {folder} has "
+                       f"{free / 2**30:.2f} GiB free (keeping {DISK_RESERVE // 2**20} MiB). Free some space and "
+                       "try again; nothing was written.")
+
+
 def assemble_parts(
     parts: Sequence[Path], dest: Path, *, size: int | None, sha256: str | None, progress: Progress = _no_progress
 ) -> Path:
@@ -57,6 +77,7 @@ def assemble_parts(
     total = sum(p.stat().st_size for p in parts)
     if size is not None and total != size:
         raise ChecksumMismatch(f"The model parts add up to {total:,} bytes, expected {size:,}: a part is damaged.")
+    require_free_space(dest.parent, total, dest.name)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(dest.name + ".partial")
     digest = hashlib.sha256()
@@ -100,31 +121,28 @@ def file_sha256(path: Path, progress: Progress = _no_progress) -> str:
 
 
 def inspect_gguf(path: Path) -> dict:
-    """Read and sanity-check a GGUF header; return {'architecture', 'name', 'tensors'}.
+    """Read and sanity-check a GGUF header; return {'architecture', 'name', 'tensors', 'header'}.
 
-    Raises CorruptModelFile for a bad magic, a truncated file or tensors past the end of the file,
-    and UnsupportedArchitecture for anything but Qwen2.
+    Raises CorruptModelFile for a bad magic, a truncated file, tensors past the end of the file or a hostile header
+    (models.gguf_header), and UnsupportedArchitecture for anything but Qwen2.
     """
     import gguf
 
     path = Path(path)
     if not path.is_file():
         raise CorruptModelFile(f"{path} does not exist or is not a file.")
-    try:
-        reader = gguf.GGUFReader(str(path))
-        arch_field = reader.fields["general.architecture"]
-        arch = bytes(arch_field.parts[arch_field.data[0]]).decode()
-        name_field = reader.fields.get("general.name")
-        name = bytes(name_field.parts[name_field.data[0]]).decode() if name_field else path.stem
-        end = max((t.data_offset + t.n_bytes for t in reader.tensors), default=0)
-    except KeyError as err:
-        raise CorruptModelFile(f"{path.name} is not a usable GGUF model: its header lacks {err}.") from err
-    except (ValueError, IndexError, OSError) as err:
+    header = read_header(path)
+    arch = header.fields.get("general.architecture")
+    if not isinstance(arch, str):
+        raise CorruptModelFile(f"{path.name} is not a usable GGUF model: its header lacks 'general.architecture'.")
+    name = header.fields.get("general.name")
+    try:  # the library transformers reads it with (safe on a header read_header accepted)
+        gguf.GGUFReader(str(path))
+    except (ValueError, IndexError, KeyError, OSError) as err:
         raise CorruptModelFile(f"{path.name} is not a valid GGUF file or is truncated ({err}).") from err
-    if end > path.stat().st_size:
-        raise CorruptModelFile(f"{path.name} is truncated: tensors extend past the end of the file.")
     if arch not in SUPPORTED_ARCHITECTURES:
         raise UnsupportedArchitecture(
             f"{path.name} is a '{arch}' model; Ponder runs Qwen2 / Qwen2.5 models only."
         )
-    return {"architecture": arch, "name": name, "tensors": len(reader.tensors)}
+    return {"architecture": arch, "name": name if isinstance(name, str) and name else path.stem,
+            "tensors": len(header.tensors), "header": header}

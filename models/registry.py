@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from .errors import InvalidModelId, ModelError
+from .errors import CorruptModelFile, InvalidModelId, ModelError
 
 GIB = 1024**3
 MODEL_ID_MAX = 64
@@ -184,15 +184,29 @@ KNOWN_MODELS: dict[str, ModelSpec] = {
 HUB_REPOS = {s.hub_repo: s for s in KNOWN_MODELS.values() if s.hub_repo}
 
 
+def _size(config: dict, key: str, default: object = None) -> int:
+    """A size from a config: a positive whole number (CorruptModelFile otherwise: a damaged or foreign config)."""
+    value = config.get(key) if isinstance(config, dict) else None
+    value = default if value is None else value
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 2**31:
+        raise CorruptModelFile(f"The model's config.json has no valid {key!r} (a positive whole number); found "
+                               f"{value!r}.")
+    return value
+
+
 def spec_from_config(model_id: str, config: dict, params: int | None = None) -> ModelSpec:
     """A spec for an imported model, read from its HF `config.json` contents."""
-    hidden = int(config["hidden_size"])
-    layers = int(config["num_hidden_layers"])
-    heads = int(config["num_attention_heads"])
-    inter = int(config.get("intermediate_size", 4 * hidden))
-    vocab = int(config.get("vocab_size", 151936))
-    kv_heads = int(config.get("num_key_value_heads", heads))
-    head_dim = int(config.get("head_dim") or hidden // heads)
+    hidden = _size(config, "hidden_size")
+    layers = _size(config, "num_hidden_layers")
+    heads = _size(config, "num_attention_heads")
+    inter = _size(config, "intermediate_size", 4 * hidden)
+    vocab = _size(config, "vocab_size", 151936)
+    kv_heads = _size(config, "num_key_value_heads", heads)
+    head_dim = _size(config, "head_dim") if config.get("head_dim") else hidden // heads  # as transformers reads it
+    if head_dim < 1:
+        raise CorruptModelFile(f"The model's config.json has more attention heads ({heads}) than hidden size ({hidden}).")
     if params is None:
         attn = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2
         params = layers * (attn + 3 * hidden * inter) + vocab * hidden * (1 if config.get("tie_word_embeddings") else 2)
