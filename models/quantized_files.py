@@ -144,6 +144,7 @@ def load_quantized(folder: Path) -> nn.Module:
         module.weight_group_size = int(info.get("group_size", GROUP_SIZE))
         module.weight = _packed_weight(module, state[key + PACKED_DATA], state[key + PACKED_SCALES])
     del state, plain
+    check_quantized_shapes(model)
     _rebuild_nonpersistent_buffers(model)
     tensors = list(model.named_parameters()) + list(model.named_buffers())
     missing = [k for k, v in tensors if v.device.type == "meta"]
@@ -156,6 +157,29 @@ def load_quantized(folder: Path) -> nn.Module:
     model.ponder_codes = info.get("codes_sha256")  # which rounding of the weights this is (W4-FPT's GPTQ)
     install_fast_kernels(model)
     return model
+
+
+def check_quantized_shapes(model: nn.Module) -> None:
+    """Refuse (ValueError) quantized weights whose saved tensors do not have the shapes their layer's config gives:
+    the int4 kernels read them through raw pointers (models/_int4.c), so codes or scales too small for the layer
+    would be read past their end, and int8 ones would fail at the first token instead of here."""
+    from optimum.quanto.tensor.weights.qbytes import WeightQBytesTensor
+
+    QLinear, TinyGemm = _qclasses()
+    for name, module in model.named_modules():
+        if not isinstance(module, QLinear):
+            continue
+        w, n, k = module.weight, module.out_features, module.in_features
+        if isinstance(w, TinyGemm):
+            data, scales, group = w._data._data, w._scale_shift, int(w._group_size)
+            fits = (group > 0 and k % group == 0 and data.dtype == torch.uint8 and tuple(data.shape) == (n, k // 2)
+                    and scales.dtype == torch.bfloat16 and tuple(scales.shape) == (k // group, n, 2))
+        elif isinstance(w, WeightQBytesTensor):
+            fits = tuple(w._data.shape) == (n, k) and w._scale.numel() == n
+        else:
+            continue
+        if not fits:
+            raise ValueError(f"the quantized weights of {name} do not have the shapes of its {n}x{k} layer")
 
 
 def repack(state: dict[str, torch.Tensor], packed_for: str, group: int, fingerprint: str | None,
