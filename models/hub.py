@@ -5,6 +5,7 @@ safetensors files are fetched (never pickles). Offline (`HF_HUB_OFFLINE=1`), onl
 """
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -32,11 +33,23 @@ def _progress_tqdm(progress: Callable[[str, int, int], None]):
     return ProgressTqdm
 
 
+def _transport_errors() -> tuple[type[BaseException], ...]:
+    """The HTTP client's own errors (not OSError) that huggingface_hub lets through once its retries are spent: a
+    connection dropped or timed out part-way through a file."""
+    errors = []
+    for module in ("httpx2", "httpx"):  # whichever client this huggingface_hub uses
+        try:
+            errors.append(importlib.import_module(module).HTTPError)
+        except (ImportError, AttributeError):
+            pass
+    return tuple(errors)
+
+
 def download_snapshot(repo_id: str, *, cache_dir: Path | None = None, revision: str | None = None,
                       progress: Callable[[str, int, int], None] | None = None, local_files_only: bool = False) -> Path:
     """Fetch (or find in the cache) the safetensors snapshot of `repo_id`; return its local folder."""
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled
+    from huggingface_hub.errors import HfHubHTTPError, HFValidationError, LocalEntryNotFoundError, OfflineModeIsEnabled
 
     kwargs = {}
     if progress is not None:
@@ -55,4 +68,10 @@ def download_snapshot(repo_id: str, *, cache_dir: Path | None = None, revision: 
         raise ModelError(f"Downloading {repo_id} failed: {err}") from err
     except OSError as err:
         raise ModelError(f"Downloading {repo_id} failed: {err}") from err
+    except HFValidationError as err:
+        raise ModelError(f"{repo_id!r} is not a Hugging Face repository id (such as Qwen/Qwen2.5-1.5B-Instruct): "
+                         f"{err}") from err
+    except _transport_errors() as err:
+        raise ModelError(f"Downloading {repo_id} broke off ({type(err).__name__}: {err}). Try again: the files "
+                         "already downloaded are kept and the download resumes.") from err
     return Path(path)

