@@ -3,10 +3,12 @@
 Pure functions over text and scores. math-verify reads the whole response with its own LaTeX/expression extraction
 (`\\boxed{}` first, then "final answer: ..." anchors, then the last expression) and decides equality, gold first:
 `verify(gold, answer)`. The last number of a text counts only against a GSM8K-style integer gold, and only when
-math-verify finds no answer at all. An unparsable answer gets no vote.
+math-verify finds no answer at all. An unparsable answer gets no vote. Texts are read with a Unicode minus as "-"
+and LaTeX digit-group separators (`10\\,000`, `10{,}000`) removed, which math-verify misreads (10·0).
 """
 from __future__ import annotations
 
+import ctypes
 import logging
 import math
 import re
@@ -17,6 +19,19 @@ from dataclasses import dataclass
 NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 INTEGER = re.compile(r"-?\d+")
 """A GSM8K-style gold answer (commas already removed)."""
+GROUP_SEPARATOR = re.compile(r"(?<=\d)(?:\\,|\\!|\\ |\{,\})(?=\d{3}(?!\d))")
+"""LaTeX between digit groups: 10\\,000, 10{,}000, 10\\!000, 10\\ 000."""
+SECONDS = 5
+"""Time limit of one math-verify parse or comparison (comparing (x+y+z+1)^{60} with x^2+1 takes minutes)."""
+LIMIT_BITS = 2**22
+"""Largest number (in bits: 1.26 million digits) an answer may make sympy compute when compared: 10^{1000000}
+passes, 9^{9^9} (1.2 billion bits) does not. Such a power or factorial is one C call that holds the GIL: no timer
+and no other thread (the window's included) runs until it ends, and only the main thread's SIGALRM stops it."""
+
+
+def _plain(text: str) -> str:
+    """`text` with a Unicode minus (U+2212) as "-" and digit-group separators removed, before any reading."""
+    return GROUP_SEPARATOR.sub("", text.replace("\u2212", "-"))
 
 
 def last_boxed(text: str) -> str | None:
@@ -50,8 +65,39 @@ for _name in ("math_verify.parser", "math_verify.grader"):
 
 
 def _timeout() -> int | None:
-    """math-verify times out with SIGALRM, which works on the main thread only; worker threads go without."""
-    return 5 if threading.current_thread() is threading.main_thread() else None
+    """math-verify times out with SIGALRM, which works on the main thread only; worker threads use `_bounded`."""
+    return SECONDS if threading.current_thread() is threading.main_thread() else None
+
+
+class _Expired(BaseException):
+    """Raised into a worker thread whose math-verify call ran past SECONDS (not an Exception: math-verify and
+    sympy catch those)."""
+
+
+def _bounded(call, default):
+    """call(), or `default` when it runs past SECONDS. On a worker thread (the app and the server vote there) a
+    timer raises `_Expired` into the thread at its next bytecode, as math-verify's SIGALRM does on the main one."""
+    if threading.current_thread() is threading.main_thread():
+        return call()
+    target, lock, running = threading.get_ident(), threading.Lock(), [True]
+
+    def expire() -> None:
+        with lock:
+            if running[0]:
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(target), ctypes.py_object(_Expired))
+
+    timer = threading.Timer(SECONDS, expire)
+    timer.daemon = True
+    try:
+        timer.start()
+        try:
+            return call()
+        finally:
+            with lock:
+                running[0] = False
+            timer.cancel()
+    except _Expired:  # raised inside call(), or just after it returned (then its result is given up too)
+        return default
 
 
 def _parse(text: str, *, gold: bool = False) -> list:
@@ -59,27 +105,70 @@ def _parse(text: str, *, gold: bool = False) -> list:
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse
 
     config = [LatexExtractionConfig(), ExprExtractionConfig()]
+
+    def read() -> list:
+        try:
+            if gold:  # a reference answer is bare LaTeX ("\\frac{1}{2}", "(3, \\pi)"): read it as one expression
+                return parse(f"${text}$", config, parsing_timeout=_timeout()) or parse(text, config,
+                                                                                      parsing_timeout=_timeout())
+            return parse(text, config, parsing_timeout=_timeout())
+        except Exception:  # math-verify raises on odd LaTeX: treat as unparsable
+            return []
+
+    return _bounded(read, [])
+
+
+def _bits(e) -> float:
+    """An upper bound on log2(1 + |x|) for the numbers x that evaluating the sympy expression `e` computes, a
+    symbol or a float counting as one bit (inf when a number may pass 2^(2^64))."""
+    from sympy import Add, Float, Mul, Pow, Rational, binomial, factorial
+
+    if isinstance(e, Rational):
+        return max(abs(int(e.p)), int(e.q)).bit_length()
+    if isinstance(e, Float) or not e.args:
+        return 1.0
+    bits = [_bits(a) for a in e.args]
+    if isinstance(e, Add):
+        return max(bits) + len(bits)
+    if isinstance(e, Mul):
+        return sum(bits)
+    if isinstance(e, Pow):  # |b^x| < 2^(bits(b)·2^bits(x))
+        return math.inf if bits[1] > 64 else bits[0] * 2.0 ** bits[1]
+    if isinstance(e, (factorial, binomial)):  # n! <= n^n, C(n, k) < 2^n
+        n = bits[0]
+        return math.inf if n > 64 else 2.0 ** n * (n if isinstance(e, factorial) else 1.0)
+    return max(bits)
+
+
+def _too_large(parsed: list) -> bool:
+    from sympy import Basic
+
     try:
-        if gold:  # a reference answer is bare LaTeX ("\\frac{1}{2}", "(3, \\pi)"): read it as one expression
-            return parse(f"${text}$", config, parsing_timeout=_timeout()) or parse(text, config,
-                                                                                  parsing_timeout=_timeout())
-        return parse(text, config, parsing_timeout=_timeout())
-    except Exception:  # math-verify raises on odd LaTeX: treat as unparsable
-        return []
+        return any(isinstance(x, Basic) and _bits(x) > LIMIT_BITS for x in parsed)
+    except RecursionError:  # nested deeper than Python's stack
+        return True
+    except Exception:  # an object the bound does not know: compared as before, within the time limit
+        return False
 
 
 def _verify(gold: list, answer: list) -> bool:
     from math_verify import verify
 
-    try:
-        return bool(gold and answer and verify(gold, answer, timeout_seconds=_timeout()))
-    except Exception:
-        return False
+    def check() -> bool:
+        if _too_large(gold) or _too_large(answer):  # never compared: refused, as an unfinished comparison is
+            return False
+        try:
+            return bool(gold and answer and verify(gold, answer, timeout_seconds=_timeout()))
+        except Exception:
+            return False
+
+    return _bounded(check, False)
 
 
 def extract_answer(text: str) -> str | None:
     """The final answer of a response as the scorer reads it: the last \\boxed{}, else math-verify's extraction,
     else the last number; None if there is none."""
+    text = _plain(text)
     boxed = last_boxed(text)
     if boxed:
         return boxed
@@ -91,6 +180,7 @@ def extract_answer(text: str) -> str | None:
 
 def same_answer(reference: str, answer: str) -> bool:
     """Do two extracted answers agree? `reference` (a vote bucket's first answer) is read as the gold."""
+    reference, answer = _plain(reference), _plain(answer)
     if reference.strip() == answer.strip():
         return True
     return _verify(_parse(reference, gold=True), _parse(answer, gold=True))
@@ -99,7 +189,7 @@ def same_answer(reference: str, answer: str) -> bool:
 def is_correct(response: str, gold: str) -> bool:
     """Is the response's answer the gold one? math-verify on the whole text, `verify(gold, answer)`; for an
     integer gold (GSM8K) a text in which math-verify finds no answer is judged by its last number."""
-    gold = gold.strip()
+    gold, response = _plain(gold).strip(), _plain(response)
     integer_gold = INTEGER.fullmatch(gold.replace(",", "")) is not None
     answer = _parse(response)
     if answer:
@@ -128,10 +218,12 @@ def _equal(a: float, b: float) -> bool:
 
 def vote(answers: Sequence[str | None], weights: Sequence[float] | None = None, method: str = "weighted") -> Vote:
     """Plain majority (most votes), weighted majority (largest summed verifier score) or best-of-N (highest single
-    score). Every tie goes to the earliest candidate and is reported."""
+    score). Every tie goes to the earliest candidate and is reported. A weight that is not a finite number (a
+    verifier fed an overflowed hidden state) counts as 0."""
     if method not in ("weighted", "majority", "best"):
         raise ValueError("method must be weighted, majority or best")
-    weights = list(weights) if weights is not None else [1.0] * len(answers)
+    weights = [1.0] * len(answers) if weights is None else [
+        0.0 if isinstance(w, float) and not math.isfinite(w) else w for w in weights]
     if len(weights) != len(answers):
         raise ValueError("one weight per answer")
     buckets: list[list] = []  # [answer, summed weight, votes, first index, best single weight, its first index]
@@ -153,9 +245,13 @@ def vote(answers: Sequence[str | None], weights: Sequence[float] | None = None, 
         value, first = (lambda b: b[4]), (lambda b: b[5])
     else:
         value, first = ((lambda b: b[2]) if method == "majority" else (lambda b: b[1])), (lambda b: b[3])
-    top = max(value(b) for b in buckets)
-    leaders = sorted((b for b in buckets if _equal(value(b), top)), key=first)
-    ranked = sorted(buckets, key=lambda b: (-value(b), first(b)))
+    level, head = {}, None  # values within rounding of each other (0.1 + 0.2 and 0.3) share a level
+    for b in sorted(buckets, key=lambda b: -value(b)):
+        if head is None or not _equal(value(b), head):
+            head = value(b)
+        level[id(b)] = head
+    ranked = sorted(buckets, key=lambda b: (-level[id(b)], first(b)))
+    leaders = [b for b in ranked if level[id(b)] == level[id(ranked[0])]]
     table = tuple((b[0], round(b[1], 4), b[2]) for b in ranked)
     tie = len(leaders) > 1
     return Vote(leaders[0][0], first(leaders[0]), table, method, tie, tuple(b[0] for b in leaders) if tie else ())

@@ -1,4 +1,6 @@
+import math
 import threading
+import time
 
 import pytest
 
@@ -285,3 +287,71 @@ def test_head_alone_votes_beside_the_combined_score():
     at3 = accuracy_at([q], 3)
     assert at3["weighted@3"] == 0.0 and at3["head@3"] == 1.0 and at3["majority@3"] == 0.0
     assert "head@3" not in accuracy_at([{"candidates": [cand("1", True, 0.5, None)] * 3}], 3)
+
+
+def test_a_unicode_minus_keeps_its_sign():
+    """Models write U+2212 for minus; math-verify drops it from plain text ("−5" read as 5)."""
+    assert extract_answer("The answer is −5.") == "-5" and extract_answer("Answer: −3") == "-3"
+    assert is_correct("The answer is −5", "-5") and not is_correct("The answer is −5", "5")
+    assert not same_answer("5", extract_answer("So x = −5."))
+    assert vote([extract_answer("x = −5"), "5", "-5"], [1.0, 1.0, 1.0], "majority").winner == "-5"
+
+
+def test_latex_digit_group_separators_are_one_number():
+    """math-verify reads 10\\,000 as 10·0 and 1\\,234 as 1 + 234: a thin space between digit groups is removed."""
+    assert extract_answer("The answer is \\boxed{10\\,000}.") == "10000"
+    assert same_answer("10000", "10\\,000") and not same_answer("0", "10\\,000")
+    assert is_correct("\\boxed{1\\,234\\,567}", "1234567") and is_correct("\\boxed{10{,}000}", "10\\,000")
+    assert is_correct("so $12\\,500$ in all", "12500") and not is_correct("\\boxed{10\\,000}", "0")
+    assert vote(["10\\,000", "0", "10000"], [0.4, 0.5, 0.4], "weighted").winner == "10\\,000"
+
+
+def _on_a_worker_thread(work, timeout: float) -> dict:
+    out: dict = {}
+    worker = threading.Thread(target=lambda: out.update(work()), daemon=True)
+    worker.start()
+    worker.join(timeout=timeout)
+    assert not worker.is_alive(), "the vote hung on a hostile answer"
+    return out
+
+
+def test_a_power_tower_is_never_computed():
+    """Comparing 9^{9^{9^9}} makes sympy compute 9^387420489: one C call holding the GIL for hours, which freezes
+    every thread of the app (only the main thread's SIGALRM stops it). Such answers are never compared."""
+    tower = "9^{9^{9^{9}}}"
+    boxed = f"so \\boxed{{{tower}}}"
+    out = _on_a_worker_thread(lambda: {"same": same_answer(tower, "2"), "right": is_correct(boxed, "2"),
+                                       "fact": same_answer("(10^{8})!", "1"), "answer": extract_answer(boxed)},
+                              timeout=60)
+    assert out == {"same": False, "right": False, "fact": False, "answer": tower}
+    assert same_answer("2^{2023}", "2^{2023}") and same_answer("10^{6}", "1000000")  # large, not hostile
+
+
+def test_a_comparison_that_takes_minutes_is_given_up_on_a_worker_thread(monkeypatch):
+    """math-verify's own time limit is SIGALRM, main thread only; on a worker thread (the app and the server vote
+    there) expanding (x+y+z+1)^{60} went on for minutes. It is given up after voting.SECONDS there too, and the
+    thread works normally afterwards."""
+    from core.reasoning import voting
+
+    monkeypatch.setattr(voting, "SECONDS", 1)
+    start = time.monotonic()
+    out = _on_a_worker_thread(lambda: {"slow": same_answer("(x+y+z+1)^{60}", "x^{2}+1"),
+                                       "after": same_answer("0.5", "\\frac{1}{2}")}, timeout=60)
+    assert out == {"slow": False, "after": True} and time.monotonic() - start < 30
+
+
+def test_weights_that_are_not_numbers_count_as_zero():
+    nan = float("nan")
+    for method in ("weighted", "best"):
+        assert vote(["3"], [nan], method).winner == "3"
+        v = vote(["3", "4"], [nan, 0.5], method)
+        assert v.winner == "4" and v.winner_index == 1 and not v.tie
+    assert vote(["3", "3", "4"], [float("inf"), float("-inf"), 0.1]).winner == "4"
+    assert all(math.isfinite(w) for _, w, _ in vote(["3", "4"], [nan, 0.5]).table)
+
+
+def test_the_table_leads_with_the_winner_when_sums_differ_by_rounding():
+    """0.1 + 0.2 is 0.30000000000000004: a tie with 0.3, won by the earliest answer, which the table lists first."""
+    v = vote(["3", "4", "4"], [0.3, 0.1, 0.2], "weighted")
+    assert v.winner == "3" and v.tie and v.tied == ("3", "4")
+    assert [row[0] for row in v.table] == ["3", "4"]
