@@ -127,7 +127,8 @@ def sample_next(logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Gene
         return _argmax(logits)
     if (cfg.top_k == 0 or cfg.top_k >= logits.shape[-1]) and cfg.top_p >= 1.0:
         return _draw_full(logits, cfg.temperature, generator)
-    logits = logits.div_(cfg.temperature)
+    # each row's maximum at 0 first: logits over a tiny temperature (1e-40) would overflow to inf, inf - inf = nan
+    logits = logits.sub_(logits.amax(dim=-1, keepdim=True)).div_(cfg.temperature)
     short = shortlist(logits, cfg.top_k, cfg.top_p)
     if short is not None:
         values, ids = short
@@ -145,11 +146,11 @@ def pick_logprobs(logits: torch.Tensor, picks: torch.Tensor, cfg: SamplingConfig
     logits = _scratch(logits)
     if seen is not None:
         apply_repetition_penalty(logits, seen, cfg.repetition_penalty, in_place=True)
+    logits.sub_(logits.amax(dim=-1, keepdim=True))  # before the temperature, as in sample_next: no overflow
     if not cfg.greedy:
         logits.div_(cfg.temperature)
-    top = logits.amax(dim=-1, keepdim=True)
-    picked = logits.gather(1, picks.view(-1, 1)).squeeze(1) - top.squeeze(1)
-    return picked - logits.sub_(top).exp_().sum(-1).log()
+    picked = logits.gather(1, picks.view(-1, 1)).squeeze(1)
+    return picked - logits.exp_().sum(-1).log()
 
 
 def make_generator(seed: int | None) -> torch.Generator:

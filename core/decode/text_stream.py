@@ -25,16 +25,14 @@ class TextStream:
         if self.stopped:
             return ""
         self.ids.append(token_id)
-        text = self._decoded()
-        if text.endswith("\ufffd"):
-            return ""  # an incomplete multi-byte character: wait for the next token
-        self.text = text
-        for s in self.stop:
-            at = text.find(s, max(0, self.emitted - len(s)))
-            if at != -1:
-                self.stopped = True
-                self.text = text[:at]
-                return self._take(at)
+        # an incomplete multi-byte character at the end decodes as U+FFFD: what comes before it is final
+        self.text = text = self._decoded().rstrip("\ufffd")
+        found = [at for s in self.stop if (at := text.find(s, max(0, self.emitted - len(s)))) != -1]
+        if found:  # the earliest stop string, whichever of them is listed first
+            at = min(found)
+            self.stopped = True
+            self.text = text[:at]
+            return self._take(at)
         hold = 0
         for s in self.stop:
             for k in range(min(len(s) - 1, len(text)), 0, -1):

@@ -161,3 +161,15 @@ def test_the_buffer_made_in_inference_mode_serves_calls_outside_it():
     if errors:
         raise errors[0]
     assert len(out) == 3 and torch.isfinite(out[2]).all()
+
+
+@pytest.mark.parametrize("top_k,top_p", [(40, 0.9), (0, 0.9), (0, 1.0), (5000, 0.5), (40, 1.0)])
+def test_a_tiny_temperature_is_near_greedy_not_a_crash(top_k, top_p):
+    """Logits over 1e-40 overflow float32 to inf (inf - inf = nan: multinomial refused the row); each row's
+    maximum is taken off first, which leaves the distribution as it is."""
+    torch.manual_seed(1)
+    logits = torch.randn(3, 3000) * 5
+    cfg = SamplingConfig(temperature=1e-40, top_k=top_k, top_p=top_p, repetition_penalty=1.0)
+    picks = sample_next(logits, cfg, make_generator(0))
+    assert picks.tolist() == logits.argmax(-1).tolist()
+    assert pick_logprobs(logits, picks, cfg).tolist() == [0.0, 0.0, 0.0]

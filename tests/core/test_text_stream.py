@@ -25,3 +25,33 @@ def test_stop_string_cuts_and_is_not_emitted():
 def test_partial_stop_prefix_is_released_at_end():
     s = TextStream(TOK, stop=("39x",))
     assert feed(s, "is 39") == "is 39"
+
+
+def test_the_earliest_stop_string_wins_whatever_the_order_given():
+    """With stops ("b", "ab") the text "xab" ends before "ab", not before "b" (which would leave its "a" shown)."""
+    for stop in (("b", "ab"), ("ab", "b")):
+        s = TextStream(TOK, stop=stop)
+        assert feed(s, "xab") == "x" and s.stopped and s.text == "x"
+
+
+class BytesTokenizer:
+    """Each id is a chunk of UTF-8 bytes, decoded as byte-level BPE is: an unfinished character becomes U+FFFD."""
+
+    def __init__(self, *chunks: bytes):
+        self.chunks = chunks
+
+    def decode(self, ids, skip_special_tokens=True):
+        return b"".join(self.chunks[i] for i in ids).decode("utf-8", errors="replace")
+
+
+def test_a_token_ending_inside_a_character_still_shows_and_stops_what_comes_before():
+    """A token holding whole characters and the first byte of the next one: its text before that byte is final,
+    and a stop string in it ends the stream (it used to wait, and show the stop's start at the end)."""
+    tok = BytesTokenizer(b"The answer is 39", "1 \u65e5".encode()[:3], "\u65e5".encode()[1:], "ok \u65e5".encode()[:4])
+    s = TextStream(tok, stop=("391",))
+    assert s.push(0) == "The answer is " and s.push(1) == "" and s.stopped
+    assert s.flush() == "" and s.text == "The answer is "
+    plain = TextStream(tok)
+    assert plain.push(3) == "ok " and plain.flush() == "" and plain.text == "ok "  # cut inside a character
+    whole = TextStream(tok)
+    assert whole.push(0) + whole.push(1) + whole.push(2) + whole.flush() == "The answer is 391 \u65e5"
