@@ -6,6 +6,7 @@ Flags and JSON field names here are relied on by scripts: keep them stable.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from models.errors import InvalidModelId, ModelError
@@ -39,6 +40,21 @@ def _fail(err: Exception, code: int) -> int:
 
 
 def run_cli(argv: list[str]) -> int:
+    try:
+        return _run(argv)
+    except BrokenPipeError:  # stdout closed early (`ponder ask … | head -1`): end quietly, as `head`'s writer would
+        try:  # the interpreter's last flush of stdout would fail again, with a notice on stderr
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (AttributeError, OSError, ValueError):  # no file behind sys.stdout
+            pass
+        return PIPE_CLOSED
+
+
+PIPE_CLOSED = 141
+"""Exit code when stdout was closed under us: 128 + SIGPIPE, what a shell reports for a command that signal ends."""
+
+
+def _run(argv: list[str]) -> int:
     parser = build_parser()
     if argv and argv[0] in OWN_FLAGS:
         if argv[0] != "eval" and argv[1:] in (["-h"], ["--help"]):

@@ -34,7 +34,8 @@ def add_parser(sub) -> None:
     ask.add_argument("--top-k", type=whole(0), default=40, help="keep the k most likely tokens, 0 = off (default 40)")
     ask.add_argument("--repetition-penalty", type=real(0, low_open=True), default=1.05, help="1 = off (default 1.05)")
     ask.add_argument("--max-tokens", type=whole(1), default=512, help="cap on generated tokens (default 512)")
-    ask.add_argument("--seed", type=int, default=None, help="seed for repeatable sampling")
+    ask.add_argument("--seed", type=whole(-(2**63), 2**64 - 1), default=None,
+                     help="seed for repeatable sampling (a 64-bit whole number)")
     ask.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     ask.add_argument("--system", default=None, help="system prompt (default: Ponder's)")
     ask.add_argument("--precision", choices=PRECISIONS, default=None,

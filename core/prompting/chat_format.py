@@ -72,8 +72,15 @@ def _plain_added(tokenizer) -> re.Pattern | None:
     return re.compile("|".join(map(re.escape, plain))) if plain else None
 
 
+SURROGATE = re.compile("[\ud800-\udfff]")
+"""A lone UTF-16 surrogate: what Python makes of bytes that are not UTF-8 in a command-line argument or a
+C-locale stdin (`\\udce9` for a Latin-1 é), or a JSON "\\ud800"; the tokenizer refuses it."""
+
+
 def text_ids(tokenizer, text: str) -> list[int]:
-    """Token ids of `text` as plain characters: no control token, special or merely added, comes out of it."""
+    """Token ids of `text` as plain characters: no control token, special or merely added, comes out of it; a
+    character that cannot be encoded (a lone surrogate) becomes U+FFFD."""
+    text = SURROGATE.sub("\ufffd", text)
     encode = lambda t: tokenizer(t, add_special_tokens=False, split_special_tokens=True)["input_ids"]  # noqa: E731
     pattern = _plain_added(tokenizer)
     if pattern is None or not pattern.search(text):

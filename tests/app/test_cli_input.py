@@ -35,6 +35,9 @@ BAD = [
     (["ask", "--answer-max-tokens", "0", "hi"], "--answer-max-tokens"),
     (["ask", "--repetition-penalty", "0", "hi"], "--repetition-penalty"),
     (["ask", "--parallel", "two", "hi"], "--parallel"),
+    (["ask", "--seed", str(2**64), "hi"], "--seed"),  # torch's generator takes 64 bits (as the server's seed)
+    (["ask", "--seed", str(-(2**63) - 1), "hi"], "--seed"),
+    (["ask", "--seed", "1.5", "hi"], "--seed"),
     (["frobnicate"], "invalid choice"),
 ]
 
@@ -55,6 +58,8 @@ def test_good_edge_values_are_accepted():
     args = build_parser().parse_args(["ask", "--parallel", "8", "--budget", "0", "--temperature", "0", "--top-p", "1",
                                       "--top-k", "0", "--max-tokens", "1", "x"])
     assert (args.parallel, args.budget, args.temperature, args.top_p, args.top_k, args.max_tokens) == (8, 0, 0, 1, 0, 1)
+    for seed in (2**64 - 1, -(2**63), -1, 0):
+        assert build_parser().parse_args(["ask", "--seed", str(seed), "x"]).seed == seed
 
 
 def test_empty_question_from_stdin_is_refused(capsys, monkeypatch):
@@ -96,3 +101,28 @@ def test_torch_cuda_home_notice_is_dropped(tmp_path):
     assert control.returncode == 0 and "No CUDA runtime is found" in control.stderr
     quiet = run(True)
     assert quiet.returncode == 0 and quiet.stderr == ""
+
+
+class ClosedPipe(io.StringIO):
+    """stdout of `ponder ask … | head -c 5` once head has exited."""
+
+    def write(self, text):
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_a_closed_stdout_ends_quietly(capsys, monkeypatch):
+    """`ponder ask … | head -1`: the reader goes away mid-answer; no traceback, exit code 141 (as SIGPIPE)."""
+    from core.events import TokenEvent
+
+    class Engine:
+        warnings, adapter_name = (), None
+
+        def stream(self, text, sampling, **kwargs):
+            yield TokenEvent("The answer", "answer")
+            pytest.fail("the answer went on after its reader had gone")
+
+    monkeypatch.setattr("core.loading.load_engine", lambda *a, **k: Engine())
+    monkeypatch.setattr("app.cli.ask._install_sigint", lambda cancel: None)  # pytest keeps its own Ctrl+C
+    monkeypatch.setattr("sys.stdout", ClosedPipe())
+    assert run_cli(["ask", "--model", "tiny-qwen2", "hi"]) == 141
+    assert capsys.readouterr().err == ""

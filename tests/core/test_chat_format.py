@@ -52,3 +52,12 @@ def test_added_tokens_not_marked_special_stay_text_too():
     assert tool in tok(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]  # the gap itself
     for ids in (build_prompt_ids(tok, text, system=None), build_prompt_ids(tok, RawPrompt(text))):
         assert tool not in ids and text in tok.decode(ids)
+
+
+def test_text_that_is_not_unicode_becomes_replacement_characters():
+    """Python reads a Latin-1 byte in a command-line argument (or a C-locale stdin) as a lone surrogate, which the
+    tokenizer refused with a TypeError after the model had loaded."""
+    from core.prompting.chat_format import RawPrompt
+
+    for ids in (build_prompt_ids(TOK, "caf\udce9 \ud800ok", system=None), build_prompt_ids(TOK, RawPrompt("caf\udce9"))):
+        assert "caf\ufffd" in TOK.decode(ids)
