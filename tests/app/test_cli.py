@@ -76,6 +76,7 @@ def test_setup_reports_how_long_each_stage_took():
 
 CTRL_C_WHILE_LOADING = """
 import os, signal, sys, time, types
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as under a terminal (a background job inherits SIGINT ignored)
 fake = types.ModuleType("app.cli")
 def run_cli(argv):  # Ctrl+C while `ponder ask` loads the model
     os.kill(os.getpid(), signal.SIGINT)
