@@ -148,7 +148,7 @@ def test_reasoning_adapter_is_applied_without_a_reload_and_comes_back_on_the_nex
     dialog.reason_button.click()
     assert run_until(loop, lambda: window.service.can_reason, 20)
     assert window.service.worker.engine is engine and engine.model.get_base_model() is base_model  # no reload
-    assert window.composer.mode.model().item(reason).isEnabled()
+    assert run_until(loop, lambda: window.composer.mode.model().item(reason).isEnabled(), 20)  # after its signal
     assert load_settings(window.controller.store).reasoning_adapters == {TINY_ID: "concise"}
     assert "reasons with “concise”" in window.status.text() and "reasons for this model" in dialog.list.item(0).text()
     reply = send(window, loop, "What is 2+2?", mode="reason")
