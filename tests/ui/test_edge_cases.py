@@ -3,7 +3,7 @@ vote shown as a tie, picking another candidate, a crash mid-stream (partial repl
 engine errors shown."""
 import pytest
 
-from tests.qt_helpers import run_until
+from tests.qt_helpers import run_until, shutdown_returns_while_held
 from tests.ui.helpers import ask, make_window
 from tests.ui.scripted_engine import ScriptedEngine
 
@@ -242,11 +242,5 @@ def test_shutdown_returns_while_a_load_is_inside_a_step(loop, tiny_store):
     """The app's shutdown used to join the engine thread until the load had finished; it now waits at most its
     timeout, says the thread is still busy, and the load ends at its next step."""
     service, measuring, measured = held_load(tiny_store)
-    starting = loop.create_task(service.start())
-    try:
-        assert run_until(loop, measuring.is_set, 30)
-        assert service.shutdown(timeout=0.2) is False and not measured.is_set()  # back while the load is held
-    finally:
-        measured.set()
-    assert run_until(loop, starting.done, 60) and starting.result() is False
-    assert service.shutdown(timeout=60) is True and service.worker.engine is None
+    shutdown_returns_while_held(loop, service, loop.create_task(service.start()), measuring, measured)
+    assert service.worker.engine is None

@@ -6,7 +6,7 @@ from app.engine_service import EngineService
 from app.model_service import ModelService
 from core.config import EngineConfig
 from tests.conftest import TINY_ID
-from tests.qt_helpers import run_until
+from tests.qt_helpers import run_until, shutdown_returns_while_held
 from ui import dialogs
 from ui.model_manager import ModelManager
 
@@ -173,14 +173,8 @@ def test_model_service_shutdown_returns_while_a_job_is_inside_a_step(loop, tmp_p
     says the worker is still busy, and the job ends at its next progress report without installing anything."""
     store, reporting, released = held_import(tmp_path / "models")
     service = ModelService(store)
-    importing = loop.create_task(service.import_folder(tiny_hf_dir))
-    try:
-        assert run_until(loop, reporting.is_set, 30)
-        assert service.shutdown(timeout=0.2) is False and not released.is_set()  # back while the job is held
-    finally:
-        released.set()
-    assert run_until(loop, importing.done, 60) and importing.result() is False
-    assert service.shutdown(timeout=60) is True
+    shutdown_returns_while_held(loop, service, loop.create_task(service.import_folder(tiny_hf_dir)), reporting,
+                                released)
     assert not store.is_installed(TINY_ID) and list(store.root.iterdir()) == []
     assert loop.run_until_complete(service.import_folder(tiny_hf_dir)) is False  # shut down: no new job starts
 
