@@ -124,10 +124,9 @@ def inspect_gguf(path: Path) -> dict:
     """Read and sanity-check a GGUF header; return {'architecture', 'name', 'tensors', 'header'}.
 
     Raises CorruptModelFile for a bad magic, a truncated file, tensors past the end of the file or a hostile header
-    (models.gguf_header), and UnsupportedArchitecture for anything but Qwen2.
+    (models.gguf_header), and UnsupportedArchitecture for anything but Qwen2. gguf's own reader is left to
+    transformers, which runs it on headers this check accepted (running it here too cost ~11 s on the 1.5B).
     """
-    import gguf
-
     path = Path(path)
     if not path.is_file():
         raise CorruptModelFile(f"{path} does not exist or is not a file.")
@@ -136,10 +135,6 @@ def inspect_gguf(path: Path) -> dict:
     if not isinstance(arch, str):
         raise CorruptModelFile(f"{path.name} is not a usable GGUF model: its header lacks 'general.architecture'.")
     name = header.fields.get("general.name")
-    try:  # the library transformers reads it with (safe on a header read_header accepted)
-        gguf.GGUFReader(str(path))
-    except (ValueError, IndexError, KeyError, OSError) as err:
-        raise CorruptModelFile(f"{path.name} is not a valid GGUF file or is truncated ({err}).") from err
     if arch not in SUPPORTED_ARCHITECTURES:
         raise UnsupportedArchitecture(
             f"{path.name} is a '{arch}' model; Ponder runs Qwen2 / Qwen2.5 models only."
