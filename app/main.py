@@ -61,7 +61,8 @@ def run_gui() -> int:
 
     from core.config import EngineConfig
     from core.storage import paths
-    from core.storage.chats import ChatDatabaseError, ChatStore
+    from core.storage.chat_schema import ChatDatabaseError
+    from core.storage.chats import ChatStore
     from ui.main_window import MainWindow
     from ui.theme import apply_theme, follow_system
 

@@ -146,8 +146,8 @@ def check_data(path, model_id: str, *, kind: str = "skill", max_tokens: int = 10
 
 
 def validate_adapter_name(name: str) -> str:
-    """The adapter library's name rule, for the wizard (ui/ does not import core.adapters.library)."""
-    from core.adapters.library import validate_adapter_name as check
+    """The adapter library's name rule, for the wizard (ui/ does not import core.adapters)."""
+    from core.adapters.cards import validate_adapter_name as check
 
     return check(name)
 

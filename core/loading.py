@@ -14,7 +14,8 @@ import psutil
 import torch
 
 from core.adapters import lora as adapters
-from core.adapters.library import AdapterError, AdapterLibrary
+from core.adapters.cards import AdapterError
+from core.adapters.library import AdapterLibrary
 from core.config import EngineConfig
 from core.decode.prompt_cache import PromptCache
 from core.engine import Engine

@@ -145,7 +145,8 @@ def main(argv=None) -> int:
     app = QApplication.instance() or QApplication([])
     loop = qasync.QEventLoop(app)
     asyncio.set_event_loop(loop)
-    from core.adapters.library import AdapterError, AdapterLibrary
+    from core.adapters.cards import AdapterError
+    from core.adapters.library import AdapterLibrary
     from core.storage.paths import data_dir
 
     try:  # a rerun trains the demo adapter again under the same name, from scratch

@@ -12,7 +12,8 @@ from pathlib import Path
 from PySide6.QtWidgets import QWizard
 
 from ui.dialogs import ConfirmDialog
-from ui.wizard_pages import DataPage, RecipePage, WizardState
+from ui.wizard_pages import DataPage, WizardState
+from ui.wizard_recipe_page import RecipePage
 from ui.wizard_train_pages import ConcisePage, EvaluatePage, TrainPage
 
 

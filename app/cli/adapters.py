@@ -9,7 +9,8 @@ import json
 import sys
 from pathlib import Path
 
-from core.adapters.library import AdapterCard, AdapterError, AdapterLibrary
+from core.adapters.cards import AdapterCard, AdapterError
+from core.adapters.library import AdapterLibrary
 
 
 def add_parser(sub) -> None:

@@ -1,110 +1,49 @@
-"""The adapter library: named LoRA adapters per base model, each a peft folder with a card.
+"""The adapter library: named LoRA adapters per base model, each a peft folder with a card (core.adapters.cards).
 
 Layout: `paths.data_dir()/adapters/<model_id>/<name>/` holding adapter_config.json, adapter_model.safetensors
-and the card `ponder_adapter.json` (name, kind, base model and its fingerprint, data hash, recipe, metrics,
-created). The shipped reasoning adapter (`resources/components/<model_id>/reasoning`) and the user's component
-folder (`<model folder>/components/reasoning`) are listed too, as builtin and read-only. Every write goes
-through a temporary folder renamed into place; every delete stays strictly inside the library root.
+and the card `ponder_adapter.json`. The shipped reasoning adapter (`resources/components/<model_id>/reasoning`)
+and the user's component folder (`<model folder>/components/reasoning`) are listed too, as builtin and
+read-only. Every write goes through a temporary folder renamed into place; every delete stays strictly inside
+the library root.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import os
 import shutil
 import tempfile
 import time
 import zipfile
 import zlib
-from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 
 from core.adapters import lora as adapters
+from core.adapters.cards import (
+    ADAPTER_KINDS,
+    AdapterCard,
+    AdapterError,
+    _card,
+    _model,
+    _object,
+    _safe_meta,
+    _valid,
+    _write_meta,
+    validate_adapter_name,
+)
 from core.storage import paths
 from models.convert import AtomicDir
 from models.errors import InvalidModelId
 from models.registry import model_id_from_name, validate_model_id
 
-log = logging.getLogger(__name__)
-ADAPTER_KINDS = ("reasoning", "skill")
-CARD_KEYS = ("name", "kind", "base_model", "base_fingerprint", "data_hash", "recipe", "metrics", "created")
 ZIP_MAX_BYTES = 4 << 30
 """Largest total size a zip may expand to (a rank-64 LoRA of a 7B model is well under 1 GiB)."""
 ZIP_MAX_MEMBERS = 256
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 
 
-class AdapterError(ValueError):
-    """Something the user asked of the library that cannot be done; the message says why in one line."""
-
-
-def validate_adapter_name(name: str) -> str:
-    """`name` if it is a valid adapter name (the rules of model ids: a safe folder name everywhere)."""
-    try:
-        return validate_model_id(name)
-    except InvalidModelId as err:
-        raise AdapterError(str(err).replace("model id", "adapter name")) from None
-
-
-@dataclass(frozen=True)
-class AdapterCard:
-    """One adapter: where it lives and what it is."""
-
-    name: str
-    kind: str
-    base_model: str
-    base_fingerprint: str | None
-    data_hash: str | None
-    recipe: dict = field(default_factory=dict)
-    metrics: dict = field(default_factory=dict)
-    created: str = ""
-    folder: Path = Path()
-    builtin: bool = False
-
-    def to_dict(self) -> dict:
-        out = asdict(self)
-        out["folder"] = str(self.folder)
-        return out
-
-    def meta(self) -> dict:
-        """The card's fields as stored in ponder_adapter.json."""
-        return {k: getattr(self, k) for k in CARD_KEYS}
-
-
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
-
-
-def _card(folder: Path, model_id: str, name: str, builtin: bool = False, meta: dict | None = None) -> AdapterCard:
-    if meta is None:
-        try:
-            meta = adapters.adapter_meta(folder)
-        except (OSError, ValueError) as err:  # a damaged card still lists (so it can be removed)
-            log.warning("adapter card in %s unreadable: %s", folder, err)
-            meta = {}
-    kind = meta.get("kind") if meta.get("kind") in ADAPTER_KINDS else ("reasoning" if builtin else "skill")
-    created = meta.get("created")
-    if not isinstance(created, str):
-        try:
-            stamp = (folder / "adapter_model.safetensors").stat().st_mtime
-        except OSError:  # weights missing too: the card still lists, so the adapter can be removed
-            stamp = time.time()
-        created = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(stamp))
-    text = lambda key: meta.get(key) if isinstance(meta.get(key), str) else None  # noqa: E731
-    return AdapterCard(name, kind, text("base_model") or model_id, text("base_fingerprint"), text("data_hash"),
-                       _object(meta.get("recipe")), _object(meta.get("metrics")), created, folder, builtin)
-
-
-def _object(value) -> dict:
-    """A card's recipe or metrics: a JSON object, or {} for anything else a hand-edited card holds."""
-    return dict(value) if isinstance(value, dict) else {}
-
-
-def _write_meta(folder: Path, meta: dict) -> None:
-    tmp = folder / f".{adapters.META_FILE}.tmp"
-    tmp.write_text(json.dumps(meta, indent=2))
-    os.replace(tmp, folder / adapters.META_FILE)
 
 
 def _peft_files(folder: Path) -> list[Path]:
@@ -334,28 +273,6 @@ class AdapterLibrary:
         trash = folder.parent / f".{folder.name}.removing-{os.getpid()}"
         os.rename(folder, trash)  # gone from the listing at once, even if the delete below is interrupted
         shutil.rmtree(self._inside(trash))
-
-
-def _model(model_id: str) -> str:
-    try:
-        return validate_model_id(model_id)
-    except InvalidModelId as err:
-        raise AdapterError(str(err)) from None
-
-
-def _valid(name: str) -> bool:
-    try:
-        validate_adapter_name(name)
-        return True
-    except AdapterError:
-        return False
-
-
-def _safe_meta(folder: Path) -> dict:
-    try:
-        return adapters.adapter_meta(folder)
-    except (OSError, ValueError):
-        return {}
 
 
 def _adapter_folder(folder: Path, shown: str | None = None) -> Path:

@@ -317,7 +317,7 @@ def run(args: RlArgs, rd: RunDir, *, store: ModelStore | None = None, resume: bo
     """Train (or resume) with events, checkpoints and stop requests, then save. Returns the final adapter folder
     (the library's with `name`); None when stopped (resumable from the checkpoint)."""
     if args.name:
-        from core.adapters.library import validate_adapter_name
+        from core.adapters.cards import validate_adapter_name
 
         validate_adapter_name(args.name)
     if resume and rd.has_checkpoint():  # the questions must be those the checkpoint was trained on

@@ -182,7 +182,7 @@ def args_from_cli(a: argparse.Namespace) -> SftArgs:
     if columns is not None and len(columns) != 2:
         raise ValueError("--columns takes two names: PROMPT,RESPONSE")
     if a.name:  # a bad name is said now, not after the training
-        from core.adapters.library import validate_adapter_name
+        from core.adapters.cards import validate_adapter_name
 
         validate_adapter_name(a.name)
     kind = a.kind or ("skill" if a.name else "reasoning")

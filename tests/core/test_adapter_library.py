@@ -7,7 +7,8 @@ import zipfile
 import pytest
 
 from core.adapters import lora as adapters
-from core.adapters.library import AdapterError, AdapterLibrary, validate_adapter_name
+from core.adapters.cards import AdapterError, validate_adapter_name
+from core.adapters.library import AdapterLibrary
 from tests.conftest import TINY_ID
 from tests.tiny import make_model
 

@@ -5,15 +5,8 @@ import json
 
 import sqlite_utils
 
-from core.storage.chats import (
-    MIGRATIONS,
-    SCHEMA_VERSION,
-    ChatStore,
-    ReplyWriter,
-    _m5_branches_and_chat_settings,
-    export_json,
-    export_markdown,
-)
+from core.storage.chat_schema import MIGRATIONS, SCHEMA_VERSION, _m5_branches_and_chat_settings
+from core.storage.chats import ChatStore, ReplyWriter, export_json, export_markdown
 
 OLD_CHAT = [("user", "Is 391 prime?", "complete"), ("assistant", "No: 17 × 23.", "complete"),
             ("assistant", "Let me check again", "cancelled"), ("user", "And 397?", "complete"),

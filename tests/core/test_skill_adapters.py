@@ -8,7 +8,8 @@ import torch
 
 from core.adapters import lora as adapters
 from core.adapters import slots as adapter_slots
-from core.adapters.library import AdapterCard, AdapterLibrary
+from core.adapters.cards import AdapterCard
+from core.adapters.library import AdapterLibrary
 from core.config import EngineConfig, SamplingConfig
 from core.engine import Engine, collect
 from core.loading import load_engine

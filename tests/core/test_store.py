@@ -11,16 +11,8 @@ from pathlib import Path
 import pytest
 import sqlite_utils
 
-from core.storage.chats import (
-    MIGRATIONS,
-    SCHEMA_VERSION,
-    ChatDatabaseError,
-    ChatStore,
-    NewerDatabaseError,
-    ReplyWriter,
-    export_json,
-    export_markdown,
-)
+from core.storage.chat_schema import MIGRATIONS, SCHEMA_VERSION, ChatDatabaseError, NewerDatabaseError
+from core.storage.chats import ChatStore, ReplyWriter, export_json, export_markdown
 
 ROOT = Path(__file__).resolve().parents[2]
 

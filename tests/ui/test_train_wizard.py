@@ -8,7 +8,8 @@ import sys
 import pytest
 from PySide6.QtWidgets import QWizard
 
-from core.adapters.library import AdapterLibrary, validate_adapter_name
+from core.adapters.cards import validate_adapter_name
+from core.adapters.library import AdapterLibrary
 from core.data.train import token_histogram, validate_file
 from core.loading import load_tokenizer
 from core.storage.model_store import ModelStore
