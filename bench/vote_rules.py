@@ -1,0 +1,146 @@
+"""Which vote rule picks best, on a verifier's own training samples, every learned score out of fold.
+
+`ponder train verifier --features-cache F` leaves F (hidden states `x`, correctness `y`, question `groups`, and
+`extras`: mean and lowest-window token log-prob and vote share) and F.candidates.jsonl (each candidate's final
+answer, correctness and log-prob statistics, in the same order). This bench votes each question's samples by
+every rule #39 asks to compare, on the same samples:
+
+- `majority` (ties to the earliest sample), `pass` (any right: the bound every rule sits under);
+- DeepConf's confidences: `confidence` (weights exp(mean log-prob)), `lowest` (exp(lowest-window mean)),
+  `deepconf` (the more confident half by lowest window, then `lowest`);
+- `head`: the hidden-state head's Platt-scaled probability, the head refitted on the other folds (by question);
+- `combiner`: the shipped kind of combined score (logistic regression on the head's out-of-fold logit, both
+  log-prob statistics and the vote share), itself refitted on the other folds; `combiner-no-share` without the
+  vote share (a weighted vote already counts agreement); `best` the combiner's single top sample.
+
+Each rule's accuracy, its within-question AUC, and its wins and losses against majority on the same questions
+are written to `--out` as JSON and Markdown. The L2 strengths are chosen by cross-validation on all questions (one
+number each; the scores themselves are out of fold). `python -m bench.vote_rules F --out PREFIX`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from core.reasoning.voting import vote
+from core.training.combiner import L2, oof_scores, within_question_auc
+from core.training.heads import oof_logits, pick_weight_decay, platt_scaling
+
+RULES = ("majority", "confidence", "lowest", "deepconf", "head", "combiner", "combiner-no-share", "best")
+
+
+def load(cache: Path) -> tuple[dict, list[dict]]:
+    """The features cache and its candidates, checked to describe the same samples in the same order."""
+    data = load_file(str(cache))
+    done = int(data["done"].item())
+    keep = data["groups"] < done
+    data = {k: (v[keep] if k in ("x", "y", "groups", "extras") else v) for k, v in data.items()}
+    with open(f"{cache}.candidates.jsonl", encoding="utf-8") as f:
+        rows = [r for r in map(json.loads, f) if r["question_index"] < done]
+    if len(rows) != len(data["y"]) or any(
+            r["question_index"] != int(g) or bool(r["correct"]) != bool(y)
+            for r, g, y in zip(rows, data["groups"], data["y"], strict=True)):
+        raise SystemExit(f"{cache} and its candidates file do not describe the same samples.")
+    return data, rows
+
+
+def learned_scores(data: dict, weight_decay: float | None, seed: int) -> tuple[dict, dict]:
+    """Out-of-fold scores per candidate: the head's calibrated probability and the two combiners' logits."""
+    x, y, groups, extras = data["x"], data["y"], data["groups"], data["extras"].double()
+    if weight_decay is None:
+        weight_decay, _ = pick_weight_decay(x, y, groups, x.shape[1], seed=seed)
+    logits = oof_logits(x, y, groups, x.shape[1], weight_decay, seed=seed).double()
+    cal = platt_scaling(logits, y)
+    head_logit = logits * cal["scale"] + cal["shift"]
+    scores, settings = {"head": torch.sigmoid(head_logit)}, {"head_weight_decay": weight_decay, "platt": cal}
+    for name, feats in (("combiner", torch.cat([head_logit[:, None], extras], 1)),
+                        ("combiner-no-share", torch.cat([head_logit[:, None], extras[:, :2]], 1))):
+        cv = {l2: within_question_auc(oof_scores(feats, y, groups, l2, seed=seed), y, groups) or 0.0 for l2 in L2}
+        l2 = max(cv, key=cv.get)
+        scores[name] = torch.sigmoid(oof_scores(feats, y, groups, l2, seed=seed))
+        settings[f"{name}_l2"] = l2
+    return scores, settings
+
+
+def pick(cands: list[dict], rule: str, scores: dict) -> bool:
+    """Is the answer `rule` picks from one question's candidates right?"""
+    answers = [c["final_answer"] for c in cands]
+    if rule == "majority":
+        v = vote(answers, None, "majority")
+    elif rule in ("confidence", "lowest", "deepconf"):
+        key = "logprob_mean" if rule == "confidence" else "logprob_lowest"
+        kept = cands
+        if rule == "deepconf":
+            cut = sorted((c[key] for c in cands), reverse=True)[(len(cands) + 1) // 2 - 1]
+            kept = [c for c in cands if c[key] >= cut]
+        v = vote([c["final_answer"] for c in kept], [math.exp(c[key]) for c in kept], "weighted")
+        return v.winner_index is not None and bool(kept[v.winner_index]["correct"])
+    else:
+        source = "combiner" if rule == "best" else rule
+        v = vote(answers, [float(scores[source][c["_row"]]) for c in cands], "best" if rule == "best" else "weighted")
+    return v.winner_index is not None and bool(cands[v.winner_index]["correct"])
+
+
+def compare(data: dict, rows: list[dict], scores: dict) -> dict:
+    by_q: dict[int, list[dict]] = {}
+    for i, r in enumerate(rows):
+        by_q.setdefault(r["question_index"], []).append({**r, "_row": i})
+    right = {rule: [pick(c, rule, scores) for c in by_q.values()] for rule in RULES}
+    n = len(by_q)
+    y, groups = data["y"], data["groups"]
+    aucs = {"confidence": within_question_auc(data["extras"][:, 0], y, groups),
+            "lowest": within_question_auc(data["extras"][:, 1], y, groups),
+            "vote share": within_question_auc(data["extras"][:, 2], y, groups),
+            **{k: within_question_auc(v.float(), y, groups) for k, v in scores.items()}}
+    table = {}
+    for rule in RULES:
+        wins = sum(a and not b for a, b in zip(right[rule], right["majority"], strict=True))
+        losses = sum(b and not a for a, b in zip(right[rule], right["majority"], strict=True))
+        table[rule] = {"accuracy": round(100 * sum(right[rule]) / n, 1), "right": sum(right[rule]),
+                       "wins_vs_majority": wins, "losses_vs_majority": losses}
+    passed = sum(any(c["correct"] for c in cands) for cands in by_q.values())
+    return {"questions": n, "candidates": len(rows), "right_share": round(float(y.mean()), 3),
+            "pass": round(100 * passed / n, 1), "rules": table, "within_question_auc": aucs,
+            "questions_with_both": sum(0 < sum(c["correct"] for c in cands) < len(cands) for cands in by_q.values())}
+
+
+def markdown(result: dict, source: str) -> str:
+    lines = [f"# Vote rules on `{source}`", "",
+             f"{result['questions']} questions, {result['candidates']} candidates, {result['right_share']:.1%} right, "
+             f"{result['questions_with_both']} questions with right and wrong answers; pass@all "
+             f"**{result['pass']}%**. Learned scores out of fold by question (settings in the JSON).", "",
+             "| rule | accuracy | right | wins / losses against majority | within-question AUC of its score |",
+             "|---|---:|---:|---|---:|"]
+    for rule, row in result["rules"].items():
+        auc = result["within_question_auc"].get(rule if rule != "best" else "combiner")
+        lines.append(f"| {rule} | {row['accuracy']}% | {row['right']} | {row['wins_vs_majority']} / "
+                     f"{row['losses_vs_majority']} | {'' if auc is None else auc} |")
+    lines += ["", f"Vote share's own within-question AUC: {result['within_question_auc']['vote share']}.", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("cache", type=Path, help="a verifier features cache with extras (and its .candidates.jsonl)")
+    ap.add_argument("--out", type=Path, required=True, help="output prefix (.json and .md are written)")
+    ap.add_argument("--weight-decay", type=float, help="the head's L2 (default: chosen by cross-validation)")
+    ap.add_argument("--seed", type=int, default=39)
+    args = ap.parse_args(argv)
+    data, rows = load(args.cache)
+    if "extras" not in data:
+        raise SystemExit(f"{args.cache} has no log-prob / vote-share extras to compare.")
+    scores, settings = learned_scores(data, args.weight_decay, args.seed)
+    result = {**compare(data, rows, scores), "settings": settings, "source": str(args.cache)}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    Path(f"{args.out}.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    Path(f"{args.out}.md").write_text(markdown(result, args.cache.name), encoding="utf-8")
+    print(markdown(result, args.cache.name))
+
+
+if __name__ == "__main__":
+    main()
