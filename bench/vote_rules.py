@@ -34,13 +34,13 @@ from core.training.heads import oof_logits, pick_weight_decay, platt_scaling
 RULES = ("majority", "confidence", "lowest", "deepconf", "head", "combiner", "combiner-no-share", "best")
 
 
-def load(cache: Path) -> tuple[dict, list[dict]]:
+def load(cache: Path, candidates: Path | None = None) -> tuple[dict, list[dict]]:
     """The features cache and its candidates, checked to describe the same samples in the same order."""
     data = load_file(str(cache))
     done = int(data["done"].item())
     keep = data["groups"] < done
     data = {k: (v[keep] if k in ("x", "y", "groups", "extras") else v) for k, v in data.items()}
-    with open(f"{cache}.candidates.jsonl", encoding="utf-8") as f:
+    with open(candidates or f"{cache}.candidates.jsonl", encoding="utf-8") as f:
         rows = [r for r in map(json.loads, f) if r["question_index"] < done]
     if len(rows) != len(data["y"]) or any(
             r["question_index"] != int(g) or bool(r["correct"]) != bool(y)
@@ -127,11 +127,12 @@ def markdown(result: dict, source: str) -> str:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("cache", type=Path, help="a verifier features cache with extras (and its .candidates.jsonl)")
+    ap.add_argument("--candidates", type=Path, help="its candidates JSONL (default: <cache>.candidates.jsonl)")
     ap.add_argument("--out", type=Path, required=True, help="output prefix (.json and .md are written)")
     ap.add_argument("--weight-decay", type=float, help="the head's L2 (default: chosen by cross-validation)")
     ap.add_argument("--seed", type=int, default=39)
     args = ap.parse_args(argv)
-    data, rows = load(args.cache)
+    data, rows = load(args.cache, args.candidates)
     if "extras" not in data:
         raise SystemExit(f"{args.cache} has no log-prob / vote-share extras to compare.")
     scores, settings = learned_scores(data, args.weight_decay, args.seed)
