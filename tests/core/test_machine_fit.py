@@ -13,8 +13,12 @@ def test_feed_forward_width_follows_from_the_parameter_count():
 
 
 def test_the_measured_estimate_is_slower_for_the_larger_model():
-    small = estimate_tok_s(KNOWN_MODELS[DEFAULT_MODEL_ID], seconds=0.3)
-    large = estimate_tok_s(KNOWN_MODELS[LARGER_MODEL_ID], seconds=0.3)
+    """The 1.5B reads about 3x the 0.5B's int4 bytes a token. Each is measured three times, alternating, and the best
+    kept: a single 0.3 s window that another job on the cores happens to hit can invert one pair (it did in CI)."""
+    small, large = 0.0, 0.0
+    for _ in range(3):
+        small = max(small, estimate_tok_s(KNOWN_MODELS[DEFAULT_MODEL_ID], seconds=0.3))
+        large = max(large, estimate_tok_s(KNOWN_MODELS[LARGER_MODEL_ID], seconds=0.3))
     assert math.isfinite(small) and math.isfinite(large) and 0 < large < small
 
 
