@@ -262,8 +262,9 @@ class Engine(TraceKeeping, AdapterChoice):
         """N answers sampled from one prefill, decoded as one batch and voted on.
 
         With a verifier and a reasoning route each row ends with the verification prompt and the vote is
-        verifier-weighted; otherwise (no verifier, or `auto` routed to the base model, whose states the
-        verifier was not trained on) it is a plain majority. TokenEvents carry their stream index.
+        verifier-weighted (unless the verifier's head.json says `"vote": "majority"`, measured better on its
+        model; the scores are still shown); otherwise (no verifier, or `auto` routed to the base model, whose
+        states the verifier was not trained on) it is a plain majority. TokenEvents carry their stream index.
         """
         if not 1 <= n <= MAX_STREAMS:
             raise ValueError(f"parallel answers must be between 1 and {MAX_STREAMS}")
@@ -303,7 +304,7 @@ class Engine(TraceKeeping, AdapterChoice):
             combined = self.verifier.combine([combined_features(c.score, c.logprob_mean, c.logprob_lowest, share)
                                               for c, share in zip(candidates, shares, strict=True)])
             candidates = [replace(c, score=p, head_score=c.score) for c, p in zip(candidates, combined, strict=True)]
-        method = "weighted" if scored else "majority"
+        method = "weighted" if scored and (self.verifier is None or self.verifier.vote == "weighted") else "majority"
         result = vote([c.final_answer for c in candidates], [c.score if scored else 1.0 for c in candidates], method)
         chosen = result.winner_index if result.winner_index is not None else 0
         best = candidates[chosen]

@@ -47,6 +47,11 @@ class Verifier:
     def __init__(self, head, config: dict):
         self.head = head.eval()
         self.config = config
+        self.vote = config.get("vote", "weighted")
+        """How parallel answers are voted: "weighted" by the scores (the default), or "majority" where the saved
+        head records that a plain vote was measured better on its model (`bench.vote_rules`); scores still shown."""
+        if self.vote not in ("weighted", "majority"):
+            raise ValueError(f"verifier head.json: vote must be 'weighted' or 'majority', not {self.vote!r}")
 
     @classmethod
     def load(cls, folder: Path) -> Verifier:

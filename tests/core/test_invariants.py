@@ -168,6 +168,28 @@ def test_weighted_vote_follows_the_verifier_where_majority_would_not(engine):
     assert plain.vote_method == "majority" and plain.chosen == 0
 
 
+def test_a_head_that_records_majority_votes_by_count_and_still_shows_its_scores(engine):
+    from core.events import RouteDecision
+
+    rows = []
+    for i, (text, score) in enumerate(zip(["\\boxed{3}", "\\boxed{3}", "\\boxed{5}"], (0.1, 0.2, 0.9), strict=True)):
+        row = new_row(i, engine.tokenizer, engine.markers, GREEDY, reasoning=False, think_limit=0, answer_limit=9)
+        for t in engine.tokenizer(text, add_special_tokens=False)["input_ids"]:
+            row.answer.push(t)
+        row.score, row.phase, row.finish = score, "done", "stop"
+        rows.append(row)
+    saved = engine.verifier
+    try:
+        engine.verifier = Verifier(VerifierHead(4), {"kind": "verifier", "vote": "majority"})
+        answer = engine._combine(rows, [1, 2], RouteDecision(True, None, "mode"), 4, time.perf_counter(), 0)
+    finally:
+        engine.verifier = saved
+    assert answer.vote_method == "majority" and answer.chosen == 0 and answer.text == "\\boxed{3}"
+    assert [c.score for c in answer.candidates] == pytest.approx([0.1, 0.2, 0.9])
+    with pytest.raises(ValueError, match="vote must be"):
+        Verifier(VerifierHead(4), {"kind": "verifier", "vote": "loudest"})
+
+
 def test_one_parallel_row_is_the_chat_answer_repetition_penalty_included(engine):
     cfg = SamplingConfig(temperature=0, repetition_penalty=1.3, max_tokens=12)
     one = engine.generate("What is 6*7?", cfg, mode="reason", budget=6, answer_max_tokens=5)
