@@ -17,8 +17,9 @@ from collections import defaultdict
 from pathlib import Path
 
 import models.int4_kernel
-from bench.decode import DEFAULT_MODEL, PONDER_SYSTEMS, PROMPT, default_system, quiet_machine
+from bench.decode import DEFAULT_MODEL, PONDER_SYSTEMS, default_system, quiet_machine
 from bench.machine import cpu_name
+from bench.peers import PROMPT
 
 RESULTS = Path(__file__).resolve().parent / "results"
 GROUPS = {  # op name fragment → group, first match wins
