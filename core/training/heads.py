@@ -48,6 +48,8 @@ def original_basis(model, x: torch.Tensor) -> torch.Tensor:
 
 def fit_head(head, x: torch.Tensor, y: torch.Tensor, *, epochs: int, lr: float, noise: float = 0.0,
              weight_decay: float = 1e-4, seed: int = 0):
+    if lr * weight_decay >= 1:  # AdamW's decoupled decay scales the weights by (1 - lr·wd) every step
+        raise ValueError(f"weight decay {weight_decay} at lr {lr} flips the weights' sign each step (lr·wd ≥ 1)")
     torch.manual_seed(seed)
     head.norm.fit(x)
     pos = y.mean().clamp(0.05, 0.95)
@@ -191,8 +193,9 @@ def verifier_data(engine, items: list[Item], *, samples: int = 4, budget: int = 
     return result
 
 
-WEIGHT_DECAYS = (0.1, 1.0, 10.0, 30.0, 100.0, 300.0, 1000.0)
-"""L2 strengths tried; the 1.5B's 1,280 candidates in 1,536 dimensions still ranked better at 100, the old edge."""
+WEIGHT_DECAYS = (0.1, 1.0, 10.0, 30.0, 100.0)
+"""L2 (AdamW weight decay) strengths tried at the verifier's lr 5e-3; 100 already halves the weights each step, and
+from 200 the decay flips their sign (300 and 1000, tried on 2026-12-06, oscillated and diverged to NaN)."""
 KEEP_MARGIN = 0.01
 """Within-question AUC the combiner must add to the head's to be saved."""
 
