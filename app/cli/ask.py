@@ -27,7 +27,8 @@ def add_parser(sub) -> None:
                           "chosen on dev: 512 for both shipped models, 256 for imports)")
     ask.add_argument("--answer-max-tokens", type=whole(1), default=256, help="cap on the answer after thinking (default 256)")
     ask.add_argument("--parallel", type=whole(1, 8), default=1, metavar="N",
-                     help="sample N answers (1-8) from one prefill and vote (verifier-weighted when available)")
+                     help="sample N answers (1-8) from one prefill and vote (verifier-weighted when available, by "
+                          "count where the model's verifier records that as measured better)")
     ask.add_argument("--model", default=DEFAULT_MODEL_ID, help=f"installed model id (default {DEFAULT_MODEL_ID})")
     ask.add_argument("--temperature", type=real(0), default=0.7, help="0 = greedy and deterministic (default 0.7)")
     ask.add_argument("--top-p", type=real(0, 1, low_open=True), default=0.9, help="nucleus sampling threshold (default 0.9)")

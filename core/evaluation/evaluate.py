@@ -218,7 +218,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--parallel", type=int, default=1)
     p.add_argument("--batch", type=int, default=1,
                    help="greedy only: decode K questions together for throughput (latency becomes per-batch / K)")
-    p.add_argument("--vote", choices=("weighted", "majority", "best"), default="weighted")
+    p.add_argument("--vote", choices=("weighted", "majority", "best"), default=None,
+                   help="which vote's accuracy is the headline (all are reported; default: the rule the app uses, "
+                        "from the model's verifier)")
     p.add_argument("--temperature", type=float, default=None, help="default: 0 for one stream, 0.7 for parallel")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model", default=EngineConfig().model_id)
@@ -256,6 +258,8 @@ def main(argv=None) -> int:
                                       group_size=args.group_size, head_bits=args.head_bits, decode=args.decode,
                                       ff_keep=args.ff_keep, ff_reselect=args.ff_reselect, ff_decay=args.ff_decay,
                                       reasoning_adapter=args.adapter), reasoning=True)
+    if args.vote is None:  # the app's own rule, so `accuracy` grades the answers it would give
+        args.vote = engine.verifier.vote if engine.verifier is not None else "majority"
     if args.switcher:
         use_switcher(engine, args.switcher)
     if args.adapter and reasoning_adapter_name(engine) != args.adapter:

@@ -49,7 +49,7 @@ def original_basis(model, x: torch.Tensor) -> torch.Tensor:
 def fit_head(head, x: torch.Tensor, y: torch.Tensor, *, epochs: int, lr: float, noise: float = 0.0,
              weight_decay: float = 1e-4, seed: int = 0):
     if lr * weight_decay >= 1:  # AdamW's decoupled decay scales the weights by (1 - lr·wd) every step
-        raise ValueError(f"weight decay {weight_decay} at lr {lr} flips the weights' sign each step (lr·wd ≥ 1)")
+        raise ValueError(f"weight decay {weight_decay} at lr {lr} zeroes or flips the weights each step (lr·wd ≥ 1)")
     torch.manual_seed(seed)
     head.norm.fit(x)
     pos = y.mean().clamp(0.05, 0.95)
@@ -115,6 +115,8 @@ def train_switcher(engine, reason_items: list[Item], chat_items: list[Item], out
 
 class _Capture:
     """Stands in for the verifier while collecting data: keeps each hidden state, returns its index as 'score'."""
+
+    vote = "weighted"  # the engine's vote over the captured indices is never used
 
     @staticmethod
     def combines(temperature) -> bool:  # the candidates keep their captured indices as scores
@@ -195,7 +197,10 @@ def verifier_data(engine, items: list[Item], *, samples: int = 4, budget: int = 
 
 WEIGHT_DECAYS = (0.1, 1.0, 10.0, 30.0, 100.0)
 """L2 (AdamW weight decay) strengths tried at the verifier's lr 5e-3; 100 already halves the weights each step, and
-from 200 the decay flips their sign (300 and 1000, tried on 2026-12-06, oscillated and diverged to NaN)."""
+at 200 the decay zeroes them and above it flips their sign (300 and 1000, tried on 2026-12-06, oscillated and
+diverged to NaN)."""
+VERIFIER_LR = 5e-3
+"""The verifier head's AdamW learning rate (300 full-batch epochs)."""
 KEEP_MARGIN = 0.01
 """Within-question AUC the combiner must add to the head's to be saved."""
 
@@ -218,7 +223,7 @@ def pick_weight_decay(x: torch.Tensor, y: torch.Tensor, groups: torch.Tensor, hi
     for wd in WEIGHT_DECAYS:
         aucs = []
         for tr, va in question_folds(groups, folds, seed):
-            head = fit_head(VerifierHead(hidden_size), x[tr], y[tr], epochs=300, lr=5e-3, weight_decay=wd, seed=seed)
+            head = fit_head(VerifierHead(hidden_size), x[tr], y[tr], epochs=300, lr=VERIFIER_LR, weight_decay=wd, seed=seed)
             a = auc(head, x[va], y[va])
             if a is not None:
                 aucs.append(a)
@@ -231,7 +236,7 @@ def oof_logits(x: torch.Tensor, y: torch.Tensor, groups: torch.Tensor, hidden_si
     """Each sample's logit from a head fitted on the other folds (folds by question)."""
     scores = torch.empty(len(y))
     for tr, va in question_folds(groups, folds, seed):
-        head = fit_head(VerifierHead(hidden_size), x[tr], y[tr], epochs=300, lr=5e-3, weight_decay=weight_decay,
+        head = fit_head(VerifierHead(hidden_size), x[tr], y[tr], epochs=300, lr=VERIFIER_LR, weight_decay=weight_decay,
                         seed=seed)
         with torch.no_grad():
             scores[va] = head(x[va]).float()
@@ -283,7 +288,7 @@ def train_verifier(x: torch.Tensor, y: torch.Tensor, groups: torch.Tensor, out: 
     calibrated out-of-fold logit, and saved when it ranks a question's answers better than the head alone."""
     tr, va = group_split(groups, val_share, seed)
     wd, cv = pick_weight_decay(x[tr], y[tr], groups[tr], hidden_size, seed=seed)
-    head = fit_head(VerifierHead(hidden_size), x[tr], y[tr], epochs=300, lr=5e-3, weight_decay=wd, seed=seed)
+    head = fit_head(VerifierHead(hidden_size), x[tr], y[tr], epochs=300, lr=VERIFIER_LR, weight_decay=wd, seed=seed)
     metrics = {"train_accuracy": accuracy(head, x[tr], y[tr]), "val_accuracy": accuracy(head, x[va], y[va]),
                "val_auc": auc(head, x[va], y[va]), "n_train": len(tr), "n_val": len(va),
                "positive_share": y.mean().item(), "weight_decay": wd,

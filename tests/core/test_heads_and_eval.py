@@ -379,9 +379,9 @@ def test_benefit_switcher_learns_where_thinking_helped(engine, tmp_path):
 
 
 def test_a_weight_decay_that_flips_the_weights_each_step_is_refused():
-    from core.training.heads import WEIGHT_DECAYS, fit_head
+    from core.training.heads import VERIFIER_LR, WEIGHT_DECAYS, fit_head
 
     x, y = torch.randn(16, 4), torch.tensor([0.0, 1.0] * 8)
-    with pytest.raises(ValueError, match="flips the weights"):
-        fit_head(VerifierHead(4), x, y, epochs=2, lr=5e-3, weight_decay=1000.0)
-    assert max(WEIGHT_DECAYS) * 5e-3 < 1  # every strength the cross-validation tries is a stable one
+    with pytest.raises(ValueError, match="zeroes or flips the weights"):
+        fit_head(VerifierHead(4), x, y, epochs=2, lr=VERIFIER_LR, weight_decay=1 / VERIFIER_LR)
+    assert max(WEIGHT_DECAYS) * VERIFIER_LR < 1  # every strength the cross-validation tries is a stable one

@@ -12,7 +12,7 @@ import torch
 from core.config import SamplingConfig
 from core.decode.cache import new_cache
 from core.decode.rows import new_row
-from core.events import DoneEvent, TokenEvent
+from core.events import DoneEvent, RouteDecision, TokenEvent
 from core.reasoning.verifier import Verifier
 from models.heads import VerifierHead
 from tests.tiny import make_reasoning_engine
@@ -149,17 +149,20 @@ def test_verifier_scores_the_state_after_the_verification_prompt(engine):
     assert answer.vote_method == "weighted"
 
 
-def test_weighted_vote_follows_the_verifier_where_majority_would_not(engine):
-    texts = ["\\boxed{3}", "\\boxed{3}", "\\boxed{5}"]
+def finished_rows(engine, texts, scores):
+    """Finished parallel rows answering `texts`, scored `scores` as a verifier would."""
     rows = []
-    for i, (text, score) in enumerate(zip(texts, (0.1, 0.2, 0.9), strict=True)):
+    for i, (text, score) in enumerate(zip(texts, scores, strict=True)):
         row = new_row(i, engine.tokenizer, engine.markers, GREEDY, reasoning=False, think_limit=0, answer_limit=9)
         for t in engine.tokenizer(text, add_special_tokens=False)["input_ids"]:
             row.answer.push(t)
         row.score, row.phase, row.finish = score, "done", "stop"
         rows.append(row)
-    from core.events import RouteDecision
+    return rows
 
+
+def test_weighted_vote_follows_the_verifier_where_majority_would_not(engine):
+    rows = finished_rows(engine, ["\\boxed{3}", "\\boxed{3}", "\\boxed{5}"], (0.1, 0.2, 0.9))
     answer = engine._combine(rows, [1, 2], RouteDecision(True, None, "mode"), 4, time.perf_counter(), 0)
     assert answer.vote_method == "weighted" and answer.chosen == 2 and answer.text == "\\boxed{5}"
     for row in rows:
@@ -169,15 +172,7 @@ def test_weighted_vote_follows_the_verifier_where_majority_would_not(engine):
 
 
 def test_a_head_that_records_majority_votes_by_count_and_still_shows_its_scores(engine):
-    from core.events import RouteDecision
-
-    rows = []
-    for i, (text, score) in enumerate(zip(["\\boxed{3}", "\\boxed{3}", "\\boxed{5}"], (0.1, 0.2, 0.9), strict=True)):
-        row = new_row(i, engine.tokenizer, engine.markers, GREEDY, reasoning=False, think_limit=0, answer_limit=9)
-        for t in engine.tokenizer(text, add_special_tokens=False)["input_ids"]:
-            row.answer.push(t)
-        row.score, row.phase, row.finish = score, "done", "stop"
-        rows.append(row)
+    rows = finished_rows(engine, ["\\boxed{3}", "\\boxed{3}", "\\boxed{5}"], (0.1, 0.2, 0.9))
     saved = engine.verifier
     try:
         engine.verifier = Verifier(VerifierHead(4), {"kind": "verifier", "vote": "majority"})
