@@ -305,7 +305,8 @@ class Engine(TraceKeeping, AdapterChoice):
                                               for c, share in zip(candidates, shares, strict=True)])
             candidates = [replace(c, score=p, head_score=c.score) for c, p in zip(candidates, combined, strict=True)]
         method = "weighted" if scored and (self.verifier is None or self.verifier.vote == "weighted") else "majority"
-        result = vote([c.final_answer for c in candidates], [c.score if scored else 1.0 for c in candidates], method)
+        result = vote([c.final_answer for c in candidates],  # a count: each candidate one vote, whatever its score
+                      [c.score if method == "weighted" else 1.0 for c in candidates], method)
         chosen = result.winner_index if result.winner_index is not None else 0
         best = candidates[chosen]
         end = time.perf_counter()

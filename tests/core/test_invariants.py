@@ -181,6 +181,7 @@ def test_a_head_that_records_majority_votes_by_count_and_still_shows_its_scores(
         engine.verifier = saved
     assert answer.vote_method == "majority" and answer.chosen == 0 and answer.text == "\\boxed{3}"
     assert [c.score for c in answer.candidates] == pytest.approx([0.1, 0.2, 0.9])
+    assert [(votes, weight) for _, weight, votes in answer.vote_table] == [(2, 2.0), (1, 1.0)]  # the chart's bars count
     with pytest.raises(ValueError, match="vote must be"):
         Verifier(VerifierHead(4), {"kind": "verifier", "vote": "loudest"})
 
