@@ -11,7 +11,10 @@ every rule #39 asks to compare, on the same samples:
 - `head`: the hidden-state head's Platt-scaled probability, the head refitted on the other folds (by question);
 - `combiner`: the shipped kind of combined score (logistic regression on the head's out-of-fold logit, both
   log-prob statistics and the vote share), itself refitted on the other folds; `combiner-no-share` without the
-  vote share (a weighted vote already counts agreement); `best` the combiner's single top sample.
+  vote share (a weighted vote already counts agreement); `best` the combiner's single top sample;
+- `answers`: a ranker of a question's distinct answers rather than its samples (logistic regression on each
+  answer's vote count, its samples' mean and best mean log-prob, mean lowest-window log-prob, and mean and best
+  head logit; right or wrong per answer), refitted on the other folds; the top-scoring answer wins.
 
 Each rule's accuracy, its within-question AUC, and its wins and losses against majority on the same questions
 are written to `--out` as JSON and Markdown. The L2 strengths are chosen by cross-validation on all questions (one
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -31,7 +35,8 @@ from core.reasoning.voting import vote
 from core.training.combiner import L2, oof_scores, within_question_auc
 from core.training.heads import oof_logits, pick_weight_decay, platt_scaling
 
-RULES = ("majority", "confidence", "lowest", "deepconf", "head", "combiner", "combiner-no-share", "best")
+RULES = ("majority", "confidence", "lowest", "deepconf", "head", "combiner", "combiner-no-share", "best", "answers")
+ANSWER_FEATURES = ("count", "logprob_mean", "logprob_best", "lowest_mean", "head_mean", "head_best")
 
 
 def load(cache: Path, candidates: Path | None = None) -> tuple[dict, list[dict]]:
@@ -40,6 +45,7 @@ def load(cache: Path, candidates: Path | None = None) -> tuple[dict, list[dict]]
     done = int(data["done"].item())
     keep = data["groups"] < done
     data = {k: (v[keep] if k in ("x", "y", "groups", "extras") else v) for k, v in data.items()}
+    data["x"] = data["x"].float()  # the committed copies hold float16 states
     with open(candidates or f"{cache}.candidates.jsonl", encoding="utf-8") as f:
         rows = [r for r in map(json.loads, f) if r["question_index"] < done]
     if len(rows) != len(data["y"]) or any(
@@ -67,6 +73,39 @@ def learned_scores(data: dict, weight_decay: float | None, seed: int) -> tuple[d
     return scores, settings
 
 
+def answer_table(rows: list[dict], head_logit: torch.Tensor) -> tuple[list[tuple[int, str]], torch.Tensor, torch.Tensor]:
+    """One row per (question, distinct final answer): its ANSWER_FEATURES and whether it is right."""
+    members: dict[tuple[int, str], list[int]] = {}
+    for i, r in enumerate(rows):
+        members.setdefault((r["question_index"], r["final_answer"]), []).append(i)
+    sizes = Counter(r["question_index"] for r in rows)
+    keys, feats, right = list(members), [], []
+    for q, answer in keys:
+        m = members[(q, answer)]
+        means, lows = [rows[i]["logprob_mean"] for i in m], [rows[i]["logprob_lowest"] for i in m]
+        feats.append([len(m) / sizes[q], sum(means) / len(m), max(means), sum(lows) / len(m),
+                      float(head_logit[m].mean()), float(head_logit[m].max())])
+        right.append(float(bool(rows[m[0]]["correct"])))
+    return keys, torch.tensor(feats, dtype=torch.float64), torch.tensor(right, dtype=torch.float64)
+
+
+def answer_scores(rows: list[dict], head_logit: torch.Tensor, seed: int) -> tuple[dict, float]:
+    """Each (question, answer)'s ranker score out of fold by question; L2 chosen by out-of-fold accuracy."""
+    keys, x, y = answer_table(rows, head_logit)
+    groups = torch.tensor([q for q, _ in keys])
+
+    def accuracy(s: torch.Tensor) -> int:
+        best: dict[int, int] = {}
+        for i, (q, _) in enumerate(keys):
+            if q not in best or s[i] > s[best[q]] or (s[i] == s[best[q]] and x[i, 0] > x[best[q], 0]):
+                best[q] = i
+        return sum(int(y[i]) for i in best.values())
+
+    cv = {l2: oof_scores(x, y, groups, l2, seed=seed) for l2 in L2}
+    l2 = max(cv, key=lambda k: accuracy(cv[k]))
+    return {key: float(v) for key, v in zip(keys, cv[l2], strict=True)}, l2
+
+
 def pick(cands: list[dict], rule: str, scores: dict) -> bool:
     """Is the answer `rule` picks from one question's candidates right?"""
     answers = [c["final_answer"] for c in cands]
@@ -80,6 +119,10 @@ def pick(cands: list[dict], rule: str, scores: dict) -> bool:
             kept = [c for c in cands if c[key] >= cut]
         v = vote([c["final_answer"] for c in kept], [math.exp(c[key]) for c in kept], "weighted")
         return v.winner_index is not None and bool(kept[v.winner_index]["correct"])
+    elif rule == "answers":
+        counts, q = Counter(answers), cands[0]["question_index"]
+        top = max(counts, key=lambda a: (scores["answers"][(q, a)], counts[a]))  # ties: the larger count
+        return any(bool(c["correct"]) for c in cands if c["final_answer"] == top)
     else:
         source = "combiner" if rule == "best" else rule
         v = vote(answers, [float(scores[source][c["_row"]]) for c in cands], "best" if rule == "best" else "weighted")
@@ -96,7 +139,7 @@ def compare(data: dict, rows: list[dict], scores: dict) -> dict:
     aucs = {"confidence": within_question_auc(data["extras"][:, 0], y, groups),
             "lowest": within_question_auc(data["extras"][:, 1], y, groups),
             "vote share": within_question_auc(data["extras"][:, 2], y, groups),
-            **{k: within_question_auc(v.float(), y, groups) for k, v in scores.items()}}
+            **{k: within_question_auc(v.float(), y, groups) for k, v in scores.items() if k != "answers"}}
     table = {}
     for rule in RULES:
         wins = sum(a and not b for a, b in zip(right[rule], right["majority"], strict=True))
@@ -136,6 +179,8 @@ def main(argv: list[str] | None = None) -> None:
     if "extras" not in data:
         raise SystemExit(f"{args.cache} has no log-prob / vote-share extras to compare.")
     scores, settings = learned_scores(data, args.weight_decay, args.seed)
+    head_logit = torch.logit(scores["head"].clamp(1e-9, 1 - 1e-9))
+    scores["answers"], settings["answers_l2"] = answer_scores(rows, head_logit, args.seed)
     result = {**compare(data, rows, scores), "settings": settings, "source": str(args.cache)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     Path(f"{args.out}.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")

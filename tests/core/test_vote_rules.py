@@ -45,6 +45,7 @@ def test_head_out_of_fold_beats_majority_where_the_hidden_state_knows(tmp_path):
     assert rules["majority"]["accuracy"] == 0.0 and rules["confidence"]["accuracy"] == 0.0
     assert rules["head"]["accuracy"] >= 90.0 and rules["head"]["wins_vs_majority"] >= 18
     assert rules["best"]["accuracy"] >= 90.0
+    assert rules["answers"]["accuracy"] >= 90.0  # the answer ranker learns that the head, not the count, decides
     assert result["within_question_auc"]["head"] > 0.9
     assert "| head |" in out.with_suffix(".md").read_text()
 
