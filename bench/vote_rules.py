@@ -12,9 +12,10 @@ every rule #39 asks to compare, on the same samples:
 - `combiner`: the shipped kind of combined score (logistic regression on the head's out-of-fold logit, both
   log-prob statistics and the vote share), itself refitted on the other folds; `combiner-no-share` without the
   vote share (a weighted vote already counts agreement); `best` the combiner's single top sample;
-- `answers`: a ranker of a question's distinct answers rather than its samples (logistic regression on each
-  answer's vote count, its samples' mean and best mean log-prob, mean lowest-window log-prob, and mean and best
-  head logit; right or wrong per answer), refitted on the other folds; the top-scoring answer wins.
+- `answers`: a ranker of a question's distinct answers rather than its samples (answers grouped as the vote groups
+  them; logistic regression on each answer's vote share, its samples' mean and best mean log-prob, mean
+  lowest-window log-prob, and mean and best head logit; right or wrong as its first sample), refitted on the other
+  folds, L2 by out-of-fold log-loss; the top-scoring answer wins (ties: more votes, then the earliest).
 
 Each rule's accuracy, its within-question AUC, and its wins and losses against majority on the same questions
 are written to `--out` as JSON and Markdown. The L2 strengths are chosen by cross-validation on all questions (one
@@ -31,7 +32,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from core.reasoning.voting import vote
+from core.reasoning.voting import same_answer, vote
 from core.training.combiner import L2, oof_scores, within_question_auc
 from core.training.heads import oof_logits, pick_weight_decay, platt_scaling
 
@@ -55,8 +56,9 @@ def load(cache: Path, candidates: Path | None = None) -> tuple[dict, list[dict]]
     return data, rows
 
 
-def learned_scores(data: dict, weight_decay: float | None, seed: int) -> tuple[dict, dict]:
-    """Out-of-fold scores per candidate: the head's calibrated probability and the two combiners' logits."""
+def learned_scores(data: dict, rows: list[dict], weight_decay: float | None, seed: int) -> tuple[dict, dict]:
+    """Out-of-fold scores: per candidate the head's calibrated probability and the two combiners' logits; per
+    question (`answers`) its distinct answers' ranker scores."""
     x, y, groups, extras = data["x"], data["y"], data["groups"], data["extras"].double()
     if weight_decay is None:
         weight_decay, _ = pick_weight_decay(x, y, groups, x.shape[1], seed=seed)
@@ -70,40 +72,52 @@ def learned_scores(data: dict, weight_decay: float | None, seed: int) -> tuple[d
         l2 = max(cv, key=cv.get)
         scores[name] = torch.sigmoid(oof_scores(feats, y, groups, l2, seed=seed))
         settings[f"{name}_l2"] = l2
+    scores["answers"], settings["answers_l2"] = answer_scores(rows, head_logit, seed)
     return scores, settings
 
 
-def answer_table(rows: list[dict], head_logit: torch.Tensor) -> tuple[list[tuple[int, str]], torch.Tensor, torch.Tensor]:
-    """One row per (question, distinct final answer): its ANSWER_FEATURES and whether it is right."""
-    members: dict[tuple[int, str], list[int]] = {}
+def answer_groups(rows: list[dict]) -> list[tuple[int, list[int]]]:
+    """(question, its rows) for each distinct final answer, grouped as `vote` groups them (`same_answer` against a
+    group's first answer, no answer left out), in order of first appearance."""
+    groups: list[tuple[int, list[int]]] = []
+    open_groups: dict[int, list[list[int]]] = {}
     for i, r in enumerate(rows):
-        members.setdefault((r["question_index"], r["final_answer"]), []).append(i)
-    sizes = Counter(r["question_index"] for r in rows)
-    keys, feats, right = list(members), [], []
-    for q, answer in keys:
-        m = members[(q, answer)]
-        means, lows = [rows[i]["logprob_mean"] for i in m], [rows[i]["logprob_lowest"] for i in m]
-        feats.append([len(m) / sizes[q], sum(means) / len(m), max(means), sum(lows) / len(m),
-                      float(head_logit[m].mean()), float(head_logit[m].max())])
-        right.append(float(bool(rows[m[0]]["correct"])))
-    return keys, torch.tensor(feats, dtype=torch.float64), torch.tensor(right, dtype=torch.float64)
+        if r["final_answer"] is None:
+            continue
+        q = r["question_index"]
+        for members in open_groups.setdefault(q, []):
+            if same_answer(rows[members[0]]["final_answer"], r["final_answer"]):
+                members.append(i)
+                break
+        else:
+            open_groups[q].append([i])
+            groups.append((q, open_groups[q][-1]))
+    return groups
+
+
+def answer_features(rows: list[dict], members: list[int], size: int, head_logit: torch.Tensor) -> list[float]:
+    """One distinct answer's ANSWER_FEATURES; `size` is its question's number of samples."""
+    means, lows = [rows[i]["logprob_mean"] for i in members], [rows[i]["logprob_lowest"] for i in members]
+    values = {"count": len(members) / size, "logprob_mean": sum(means) / len(means), "logprob_best": max(means),
+              "lowest_mean": sum(lows) / len(lows), "head_mean": float(head_logit[members].mean()),
+              "head_best": float(head_logit[members].max())}
+    return [values[name] for name in ANSWER_FEATURES]
 
 
 def answer_scores(rows: list[dict], head_logit: torch.Tensor, seed: int) -> tuple[dict, float]:
-    """Each (question, answer)'s ranker score out of fold by question; L2 chosen by out-of-fold accuracy."""
-    keys, x, y = answer_table(rows, head_logit)
-    groups = torch.tensor([q for q, _ in keys])
-
-    def accuracy(s: torch.Tensor) -> int:
-        best: dict[int, int] = {}
-        for i, (q, _) in enumerate(keys):
-            if q not in best or s[i] > s[best[q]] or (s[i] == s[best[q]] and x[i, 0] > x[best[q], 0]):
-                best[q] = i
-        return sum(int(y[i]) for i in best.values())
-
-    cv = {l2: oof_scores(x, y, groups, l2, seed=seed) for l2 in L2}
-    l2 = max(cv, key=lambda k: accuracy(cv[k]))
-    return {key: float(v) for key, v in zip(keys, cv[l2], strict=True)}, l2
+    """Per question, its distinct answers as (ranker score out of fold by question, votes, first row, right);
+    the L2 strength chosen by out-of-fold log-loss."""
+    groups = answer_groups(rows)
+    sizes = Counter(r["question_index"] for r in rows)
+    x = torch.tensor([answer_features(rows, m, sizes[q], head_logit) for q, m in groups], dtype=torch.float64)
+    y = torch.tensor([float(bool(rows[m[0]]["correct"])) for _, m in groups], dtype=torch.float64)
+    question = torch.tensor([q for q, _ in groups])
+    cv = {l2: oof_scores(x, y, question, l2, seed=seed) for l2 in L2}
+    l2 = min(cv, key=lambda k: float(torch.nn.functional.binary_cross_entropy_with_logits(cv[k], y)))
+    ranked: dict[int, list[tuple]] = {}
+    for (q, m), score, right in zip(groups, cv[l2].tolist(), y.tolist(), strict=True):
+        ranked.setdefault(q, []).append((score, len(m), m[0], bool(right)))
+    return ranked, l2
 
 
 def pick(cands: list[dict], rule: str, scores: dict) -> bool:
@@ -119,10 +133,9 @@ def pick(cands: list[dict], rule: str, scores: dict) -> bool:
             kept = [c for c in cands if c[key] >= cut]
         v = vote([c["final_answer"] for c in kept], [math.exp(c[key]) for c in kept], "weighted")
         return v.winner_index is not None and bool(kept[v.winner_index]["correct"])
-    elif rule == "answers":
-        counts, q = Counter(answers), cands[0]["question_index"]
-        top = max(counts, key=lambda a: (scores["answers"][(q, a)], counts[a]))  # ties: the larger count
-        return any(bool(c["correct"]) for c in cands if c["final_answer"] == top)
+    elif rule == "answers":  # the top score; ties to more votes, then the earliest answer
+        ranked = scores["answers"].get(cands[0]["question_index"], [])
+        return bool(ranked) and max(ranked, key=lambda a: (a[0], a[1], -a[2]))[3]
     else:
         source = "combiner" if rule == "best" else rule
         v = vote(answers, [float(scores[source][c["_row"]]) for c in cands], "best" if rule == "best" else "weighted")
@@ -178,9 +191,7 @@ def main(argv: list[str] | None = None) -> None:
     data, rows = load(args.cache, args.candidates)
     if "extras" not in data:
         raise SystemExit(f"{args.cache} has no log-prob / vote-share extras to compare.")
-    scores, settings = learned_scores(data, args.weight_decay, args.seed)
-    head_logit = torch.logit(scores["head"].clamp(1e-9, 1 - 1e-9))
-    scores["answers"], settings["answers_l2"] = answer_scores(rows, head_logit, args.seed)
+    scores, settings = learned_scores(data, rows, args.weight_decay, args.seed)
     result = {**compare(data, rows, scores), "settings": settings, "source": str(args.cache)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     Path(f"{args.out}.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
