@@ -78,7 +78,7 @@ def learned_scores(data: dict, rows: list[dict], weight_decay: float | None, see
 
 def answer_groups(rows: list[dict]) -> list[tuple[int, list[int]]]:
     """(question, its rows) for each distinct final answer, grouped as `vote` groups them (`same_answer` against a
-    group's first answer, no answer left out), in order of first appearance."""
+    group's first answer; samples without an answer left out), in order of first appearance."""
     groups: list[tuple[int, list[int]]] = []
     open_groups: dict[int, list[list[int]]] = {}
     for i, r in enumerate(rows):
