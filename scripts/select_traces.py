@@ -1,5 +1,6 @@
-"""Pick rejection-sampling fine-tuning rows from `ponder train distill` outputs (`core.training.distill.rft_rows`):
-per train question, up to K distinct right traces, shortest first, each within a token cap.
+"""Pick rejection-sampling fine-tuning rows from `ponder train distill` outputs or `ponder train verifier`'s
+`<cache>.candidates.jsonl` (a model's own Reason-mode samples; `core.training.distill.rft_rows`): per train
+question, up to K distinct right traces, shortest first, each within a token cap.
 
     python -m scripts.select_traces --per-question 2 --max-trace-tokens 448 --out rft.jsonl IN.jsonl [IN.jsonl ...]
 """

@@ -58,10 +58,22 @@ def trace_row(item: Item, sample: Sample, provenance: dict) -> dict:
             "provenance": {**provenance, "trace_tokens": sample.tokens}}
 
 
+def candidate_trace_row(row: dict) -> dict | None:
+    """A verifier candidate (`ponder train verifier`'s `<cache>.candidates.jsonl`: Reason mode's own samples) as a
+    trace row, or None when it is wrong, was cut at the budget, or has no trace: a model's own right answers are
+    on-policy traces for reward-ranked fine-tuning."""
+    if not (row["correct"] and not row["budget_forced"] and row["thinking"].strip()):
+        return None
+    return {"question": row["question"], "thinking": unbox(row["thinking"]).strip(), "answer": row["gold"],
+            "provenance": {"source": "verifier candidates", "question_index": row["question_index"],
+                           "sample": row["sample"], "trace_tokens": row["thinking_tokens"]}}
+
+
 def rft_rows(paths: list[Path], per_question: int, max_trace_tokens: int) -> list[dict]:
-    """Rejection-sampling fine-tuning rows from distill outputs: per question, up to `per_question` distinct right
-    traces (by thinking text, across files), shortest first, each within `max_trace_tokens`. A missing file or a
-    row that is not a distill row is a ValueError naming it (a typo must not silently drop a file's rows)."""
+    """Rejection-sampling fine-tuning rows from distill outputs or verifier candidates: per question, up to
+    `per_question` distinct right traces (by thinking text, across files), shortest first, each within
+    `max_trace_tokens`. A missing file or a row that is neither is a ValueError naming it (a typo must not silently
+    drop a file's rows)."""
     by_question: dict[str, dict[str, dict]] = {}
     for path in paths:
         if not path.is_file():
@@ -69,10 +81,12 @@ def rft_rows(paths: list[Path], per_question: int, max_trace_tokens: int) -> lis
         for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             try:
                 row = json.loads(line) if line.strip() else None
+                if row is not None and "sample" in row and "correct" in row:
+                    row = candidate_trace_row(row)
                 if row is not None and not (row["question"] and row["thinking"] and "trace_tokens" in row["provenance"]):
                     raise KeyError("trace_tokens")
             except (ValueError, KeyError, TypeError) as err:
-                raise ValueError(f"{path}:{n}: not a `ponder train distill` row ({err})") from err
+                raise ValueError(f"{path}:{n}: not a `ponder train distill` row or verifier candidate ({err})") from err
             if row is not None and row["provenance"]["trace_tokens"] <= max_trace_tokens:
                 by_question.setdefault(row["question"], {}).setdefault(row["thinking"].strip(), row)
     out = []

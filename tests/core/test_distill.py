@@ -120,3 +120,20 @@ def test_rft_rows_keep_the_shortest_distinct_right_traces_of_each_question_withi
     b.write_text(row("q3", "ok", 10) + '{"question": "q4", "thinking": "t", "answer": "1", "provenance": {}}\n')
     with pytest.raises(ValueError, match="b.jsonl:2: not a `ponder train distill` row"):
         rft_rows([b], per_question=2, max_trace_tokens=448)
+
+
+def test_rft_rows_read_verifier_candidates_keeping_right_finished_traces_only(tmp_path):
+    from core.training.distill import rft_rows
+
+    def cand(i, sample, thinking, tokens, correct=True, forced=False):
+        return json.dumps({"question_index": i, "question": f"q{i}", "gold": "7", "sample": sample, "text": "x",
+                           "thinking": thinking, "final_answer": "7", "correct": correct, "thinking_tokens": tokens,
+                           "answer_tokens": 9, "budget_forced": forced}) + "\n"
+
+    f = tmp_path / "f.safetensors.candidates.jsonl"
+    f.write_text(cand(0, 0, "long right", 250) + cand(0, 1, "short wrong", 90, correct=False)
+                 + cand(0, 2, "short cut", 80, forced=True) + cand(0, 3, "mid right", 180)
+                 + cand(1, 0, "   ", 5) + cand(1, 1, "all wrong", 100, correct=False))
+    rows = rft_rows([f], per_question=1, max_trace_tokens=448)
+    assert [(r["question"], r["thinking"], r["answer"]) for r in rows] == [("q0", "mid right", "7")]
+    assert rows[0]["provenance"]["trace_tokens"] == 180 and rows[0]["provenance"]["sample"] == 3
