@@ -62,7 +62,7 @@ def candidate_trace_row(row: dict) -> dict | None:
     """A verifier candidate (`ponder train verifier`'s `<cache>.candidates.jsonl`: Reason mode's own samples) as a
     trace row, or None when it is wrong, was cut at the budget, or has no trace: a model's own right answers are
     on-policy traces for reward-ranked fine-tuning."""
-    if not (row["correct"] and not row["budget_forced"] and row["thinking"].strip()):
+    if not (row["correct"] and not row["budget_forced"] and (row["thinking"] or "").strip()):
         return None
     return {"question": row["question"], "thinking": unbox(row["thinking"]).strip(), "answer": row["gold"],
             "provenance": {"source": "verifier candidates", "question_index": row["question_index"],

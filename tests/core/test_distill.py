@@ -127,13 +127,15 @@ def test_rft_rows_read_verifier_candidates_keeping_right_finished_traces_only(tm
 
     def cand(i, sample, thinking, tokens, correct=True, forced=False):
         return json.dumps({"question_index": i, "question": f"q{i}", "gold": "7", "sample": sample, "text": "x",
-                           "thinking": thinking, "final_answer": "7", "correct": correct, "thinking_tokens": tokens,
-                           "answer_tokens": 9, "budget_forced": forced}) + "\n"
+                           "thinking": thinking, "final_answer": "7.0", "correct": correct,
+                           "thinking_tokens": tokens, "answer_tokens": 9, "budget_forced": forced}) + "\n"
 
     f = tmp_path / "f.safetensors.candidates.jsonl"
     f.write_text(cand(0, 0, "long right", 250) + cand(0, 1, "short wrong", 90, correct=False)
                  + cand(0, 2, "short cut", 80, forced=True) + cand(0, 3, "mid right", 180)
-                 + cand(1, 0, "   ", 5) + cand(1, 1, "all wrong", 100, correct=False))
+                 + cand(1, 0, "   ", 5) + cand(1, 1, None, 5) + cand(1, 2, "all wrong", 100, correct=False)
+                 + cand(2, 0, "so it is \\boxed{7}", 120) + cand(3, 0, "right but too long", 500))
     rows = rft_rows([f], per_question=1, max_trace_tokens=448)
-    assert [(r["question"], r["thinking"], r["answer"]) for r in rows] == [("q0", "mid right", "7")]
+    assert [(r["question"], r["thinking"], r["answer"]) for r in rows] == [("q0", "mid right", "7"),
+                                                                          ("q2", "so it is 7", "7")]
     assert rows[0]["provenance"]["trace_tokens"] == 180 and rows[0]["provenance"]["sample"] == 3
