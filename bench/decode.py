@@ -80,6 +80,7 @@ def run_ponder(name: str, model_id: str, tokens: int, runs: int, ff_keep: float 
                long: bool = True) -> dict:
     from core.config import EngineConfig, SamplingConfig
     from core.loading import load_engine
+    from models import int4_kernel
     from models.int4_kernel import kernel_name
 
     variant = name if name in VARIANTS else None
@@ -116,7 +117,7 @@ def run_ponder(name: str, model_id: str, tokens: int, runs: int, ff_keep: float 
     cached = answer.stats.prompt_tokens + answer.stats.completion_tokens - 1
     out = {"ttft_s": statistics.median(ttfts), "decode_tok_s": statistics.median(rates),
            "kv_bytes_per_token": answer.stats.kv_cache_bytes / cached, "prompt_tokens": answer.stats.prompt_tokens,
-           "sample": answer.text[:160], "int4_kernel": kernel_name()}
+           "sample": answer.text[:160], "int4_kernel": kernel_name(), "int4_layout": "p32" if int4_kernel.P32 else "torch"}
     if variant:
         out["what"] = VARIANTS[variant]
         out["kv_bytes_per_token"] = None
@@ -180,20 +181,23 @@ def one(name: str, model_id: str, tokens: int, runs: int, ff_keep: float = 0.5, 
 
 
 def spawn(name: str, args, kernel: str | None = None) -> dict | None:
-    """`name` measured in a process of its own; `kernel`: the int4 kernel path it must run on (PONDER_INT4_KERNEL)."""
-    env = dict(os.environ, PONDER_INT4_KERNEL=kernel) if kernel else None
+    """`name` measured in a process of its own; `kernel`: the int4 kernel path it must run on (PONDER_INT4_KERNEL),
+    `PATH@torch` on torch's packing where the path would move the weights into Ponder's p32 (PONDER_INT4_LAYOUT)."""
+    kernel, _, layout = (kernel or "").partition("@")
+    env = dict(os.environ, PONDER_INT4_KERNEL=kernel, PONDER_INT4_LAYOUT=layout) if kernel else None
     cmd = [sys.executable, "-m", "bench.decode", "--one", name, "--tokens", str(args.tokens), "--runs",
            str(args.runs), "--model", args.model, "--ff-keep", str(args.ff_keep), "--ff-reselect", str(args.ff_reselect)]
-    if kernel:  # prompts past CHUNKED_ROWS and the cache's size do not depend on the decode kernel
-        cmd.append("--short")
+    if kernel and not layout:  # prompts past CHUNKED_ROWS and the cache's size do not depend on the decode kernel
+        cmd.append("--short")  # (on AVX2 they do depend on the layout: p32 prompts run on Ponder's kernel)
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent, env=env)
     if proc.returncode != 0:
         print(f"[bench] {name} failed (exit {proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}",
               file=sys.stderr)
         return {"error": f"exit {proc.returncode}"}
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    if kernel and result.get("int4_kernel") != f"ponder {kernel}":
-        return {"error": f"asked for the {kernel} kernel, ran on {result.get('int4_kernel')}"}
+    if kernel and (result.get("int4_kernel") != f"ponder {kernel}" or layout and result.get("int4_layout") != layout):
+        return {"error": f"asked for the {kernel} kernel ({layout or 'its layout'}), ran on "
+                         f"{result.get('int4_kernel')} ({result.get('int4_layout')})"}
     print(f"[bench] {name}: {result['decode_tok_s']:.1f} tok/s, TTFT {result['ttft_s']:.3f}s, "
           f"RSS {result['peak_rss_mb']:.0f} MB", file=sys.stderr)
     return result
@@ -278,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="run only these (written to decode_subset.json/.md, the full table stays)")
     p.add_argument("--kernels", nargs="+", default=(), metavar="PATH",
                    help="also run the model's default system on each of these int4 kernel paths "
-                        "(PONDER_INT4_KERNEL values), as rows '<system> [<path>]' of the same run")
+                        "(PONDER_INT4_KERNEL values; PATH@torch: on torch's packing, not p32), as rows "
+                        "'<system> [<path>]' of the same run")
     args = p.parse_args(argv)
     if args.one:
         with quiet_machine():

@@ -49,8 +49,12 @@ def intermediate_size(spec: ModelSpec) -> int:
 
 def _packed(out_features: int, in_features: int) -> tuple[torch.Tensor, torch.Tensor]:
     """int4 weights of this shape in the app's packed layout (the values do not change a product's cost)."""
+    from models import int4_kernel
+
     data = torch.full((out_features, in_features // 2), 0x5A, dtype=torch.uint8)
     scales = torch.full((in_features // GROUP, out_features, 2), 0.01, dtype=torch.bfloat16)
+    if int4_kernel.p32_fits(out_features, in_features, GROUP):  # AVX2: the layout the weights move into at load
+        data = int4_kernel.to_p32(data, out_features, in_features)
     return data, scales
 
 

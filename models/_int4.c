@@ -40,34 +40,8 @@
 // share one pool.
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include <immintrin.h>
-#include <math.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
 
-#define MAX_ROWS 16
-#ifndef PREFETCH
-#define PREFETCH 2048
-#endif
-
-#define KERNEL_TARGET __attribute__((target("avx512f,avx512bw,avx512bf16,avx512vbmi")))
-#define F512_TARGET __attribute__((target("avx512f,avx512bw,avx512vbmi,fma")))
-#define AVX2_TARGET __attribute__((target("avx2,fma")))
-#define VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vbmi,avx512vnni,fma")))
-#define AVXVNNI_TARGET __attribute__((target("avx2,fma,avxvnni")))
-#define MAX_VNNI_GROUP 2048  // 15 * 32767 * 2048 < 2^31: a group's integer sum cannot overflow
-
-enum { ISA_BF16 = 0, ISA_AVX512 = 1, ISA_AVX2 = 2, ISA_VNNI = 3, ISA_AVXVNNI = 4, ISA_A8 = 5, ISA_AVX2I16 = 6,
-       ISA_AVX2A8 = 7, ISA_LAST = ISA_AVX2A8 };
-
-// A group's scales and zero points (`outputs` uint32 at a stride of N per group) are read after its multiply-adds,
-// at a stride no hardware prefetcher follows across many groups: asking for them as the group starts hides the miss.
-static inline __attribute__((always_inline)) void prefetch_scales(const uint32_t* sz, const int outputs) {
-    const char* at = (const char*)sz;
-    for (int b = 0; b < outputs * 4; b += 64) _mm_prefetch(at + b, _MM_HINT_T0);
-    _mm_prefetch(at + outputs * 4 - 1, _MM_HINT_T0);
-}
+#include "_int4.h"
 
 // Up to 4 rows per pass over a block: 4 rows x 4 output quarters accumulators.
 KERNEL_TARGET static inline __attribute__((always_inline)) void block_rows(const uint8_t* blk, const uint32_t* scales32,
@@ -133,12 +107,6 @@ F512_TARGET static inline __m256i bf16_512(__m512 v) {
     return _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16));
 }
 
-AVX2_TARGET static inline __m128i bf16_256(__m256 v) {
-    const __m256i b = _mm256_castps_si256(v);
-    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
-    const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), 16);
-    return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
-}
 
 // The int paths' group step: out += s * xscale * acc + (z - 8 s) * xsum for up to 4 rows of 64 outputs.
 VNNI_TARGET static inline __attribute__((always_inline)) void add_int_group(const uint32_t* sz, __m512i acc[4][4],
@@ -729,7 +697,8 @@ static int int4_mm(const uint8_t* packed, const uint32_t* scales32, const uint16
     float* xsum = (float*)malloc(sizeof(float) * (size_t)M * groups);
     const int fp32 = isa == ISA_AVX512 || isa == ISA_AVX2;
     float* xf = fp32 ? (float*)malloc(sizeof(float) * (size_t)M * K) : NULL;
-    const int ints = isa == ISA_VNNI || isa == ISA_AVXVNNI || isa == ISA_AVX2I16;
+    const int ints = isa == ISA_VNNI || isa == ISA_AVXVNNI || isa == ISA_AVX2I16 || isa == ISA_P32I16 ||
+                     isa == ISA_P32VNNI;
     int16_t* xi = ints ? (int16_t*)malloc(sizeof(int16_t) * (size_t)M * K) : NULL;
     const int a8 = isa == ISA_A8 || isa == ISA_AVX2A8;
     int8_t* xb8 = a8 ? (int8_t*)malloc((size_t)M * K) : NULL;
@@ -760,6 +729,8 @@ static int int4_mm(const uint8_t* packed, const uint32_t* scales32, const uint16
     else if (isa == ISA_VNNI) blocks_int(packed, scales32, xi, xscale, xsum, y, M, N, K, group, 0);
     else if (isa == ISA_AVXVNNI) blocks_avxvnni(packed, scales32, xi, xscale, xsum, y, M, N, K, group);
     else if (isa == ISA_AVX2I16) blocks_avx2i16(packed, scales32, xi, xscale, xsum, y, M, N, K, group);
+    else if (isa == ISA_P32I16) blocks_p32i16(packed, scales32, xi, xscale, xsum, y, M, N, K, group);
+    else if (isa == ISA_P32VNNI) blocks_p32vnni(packed, scales32, xi, xscale, xsum, y, M, N, K, group);
     else if (isa == ISA_AVX2A8) blocks_avx2a8(packed, scales32, xb8, xscale, xsum, y, M, N, K, group);
     else if (isa == ISA_AVX512) blocks_f512(packed, scales32, xf, xsum, y, M, N, K, group);
     else blocks_avx2(packed, scales32, xf, xsum, y, M, N, K, group);
@@ -797,10 +768,13 @@ static int cpu_features(void) {  // bit i: ISA i runs on this CPU
            (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) << ISA_AVX2 |
            (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) << ISA_AVX2I16 |
            (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) << ISA_AVX2A8 |
+           (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) << ISA_P32I16 |
            (avx512 && __builtin_cpu_supports("avx512vnni")) << ISA_VNNI |
            (avx512 && __builtin_cpu_supports("avx512vnni")) << ISA_A8 |
            (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-            __builtin_cpu_supports("avxvnni") != 0) << ISA_AVXVNNI;
+            __builtin_cpu_supports("avxvnni") != 0) << ISA_AVXVNNI |
+           (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+            __builtin_cpu_supports("avxvnni") != 0) << ISA_P32VNNI;
 }
 
 // mm(packed, scales, x, y, M, N, K, group, isa): addresses as ints, arrays contiguous; y bf16 [M, N] is written.
@@ -815,8 +789,9 @@ static PyObject* py_mm(PyObject* self, PyObject* const* args, Py_ssize_t nargs) 
         PyErr_SetString(PyExc_ValueError, "int4 mm: this CPU lacks that instruction set");
         return NULL;
     }
-    if (M < 1 || M > MAX_ROWS || N < 64 || N % 64 || group < 4 || group % 4 || K < group || K % group ||
-        ((isa == ISA_VNNI || isa == ISA_AVXVNNI || isa == ISA_AVX2I16) && group > MAX_VNNI_GROUP) ||
+    const int p32 = isa == ISA_P32I16 || isa == ISA_P32VNNI;  // blocks of 32 outputs, 8 inputs a step
+    if (M < 1 || M > MAX_ROWS || N < 32 || N % (p32 ? 32 : 64) || group < 4 || group % (p32 ? 8 : 4) || K < group ||
+        K % group || ((isa == ISA_VNNI || isa == ISA_AVXVNNI || isa == ISA_AVX2I16 || p32) && group > MAX_VNNI_GROUP) ||
         (isa == ISA_AVX2A8 && group % 32)) {
         PyErr_SetString(PyExc_ValueError, "int4 mm: shape outside the kernel's range");
         return NULL;
@@ -881,6 +856,25 @@ static PyObject* py_unpack(PyObject* self, PyObject* const* args, Py_ssize_t nar
     Py_RETURN_NONE;
 }
 
+// p32(packed, N, K, to_p32): int4 weights moved between torch's AVX2 layout and Ponder's p32 (_int4_p32.c), in place.
+static PyObject* py_p32(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+    (void)self;
+    void* ptr[1];
+    long dims[3];
+    if (read_args(args, nargs, 4, ptr, 1, dims, 3, "p32 takes packed, N, K, to_p32") < 0) return NULL;
+    const long N = dims[0], K = dims[1], to_p32 = dims[2];
+    if (N < 32 || N % 32 || K < 8 || K % 8) {
+        PyErr_SetString(PyExc_ValueError, "int4 p32: shape outside the layout's range");
+        return NULL;
+    }
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = p32_repack((uint8_t*)ptr[0], (int)N, (int)K, to_p32 != 0);
+    Py_END_ALLOW_THREADS
+    if (rc < 0) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
 static PyObject* py_features(PyObject* self, PyObject* unused) {
     (void)self; (void)unused;
     return PyLong_FromLong(cpu_features());
@@ -889,6 +883,7 @@ static PyObject* py_features(PyObject* self, PyObject* unused) {
 static PyMethodDef methods[] = {
     {"mm", (PyCFunction)(void (*)(void))py_mm, METH_FASTCALL, "y = x @ W.T for int4 W in torch's packed layout"},
     {"unpack", (PyCFunction)(void (*)(void))py_unpack, METH_FASTCALL, "the bf16 weight (K, N) of a packed int4 matrix"},
+    {"p32", (PyCFunction)(void (*)(void))py_p32, METH_FASTCALL, "int4 weights between torch's AVX2 layout and p32"},
     {"features", py_features, METH_NOARGS, "bit mask of the instruction sets (ISA_*) this CPU runs"},
     {NULL, NULL, 0, NULL},
 };
@@ -907,6 +902,8 @@ PyMODINIT_FUNC PyInit__int4(void) {
         PyModule_AddIntConstant(m, "ISA_A8", ISA_A8);
         PyModule_AddIntConstant(m, "ISA_AVX2I16", ISA_AVX2I16);
         PyModule_AddIntConstant(m, "ISA_AVX2A8", ISA_AVX2A8);
+        PyModule_AddIntConstant(m, "ISA_P32I16", ISA_P32I16);
+        PyModule_AddIntConstant(m, "ISA_P32VNNI", ISA_P32VNNI);
         PyModule_AddIntConstant(m, "MAX_VNNI_GROUP", MAX_VNNI_GROUP);
     }
     return m;

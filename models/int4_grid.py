@@ -87,6 +87,8 @@ def packings_known() -> bool:
 def unpack(packed: torch.Tensor, n: int, k: int, capability: str) -> torch.Tensor:
     """Codes (n, k) uint8 of a matrix that `pack` packed under `capability` (one of PACKINGS): how a prepared
     model moves to a CPU whose kernels read another packing without being prepared again."""
+    if packed.dtype == torch.int8:
+        raise ValueError("int4 codes in Ponder's p32 layout: read models.int4_kernel.torch_layout(...) instead")
     block, split = PACKINGS[capability]
     flat = packed.reshape(-1)
     if n % 16 or k % 2 or flat.numel() != n * k // 2:

@@ -6,7 +6,10 @@ per CPU capability, and the kernel has a path for each (see its header): AVX512-
 activations, exact integer sums) or plain AVX-512 (fp32) without BF16; AVX2 with AVX-VNNI (int16 activations, as
 AVX-512 VNNI; Intel Core 12th gen and later), the same int16 arithmetic on plain AVX2 (`avx2-int16`), or AVX2 + FMA
 in fp32. On AVX-512 it also unpacks a matrix
-to bf16 in one pass (`unpack`), for long prompts.
+to bf16 in one pass (`unpack`), for long prompts. On AVX2 the int16 paths read Ponder's own layout (`p32`,
+models/_int4_p32.c: no shuffles between the load and the multiply), which the weights are moved into once at load
+(`to_p32`, in place; `PONDER_INT4_LAYOUT=torch` keeps torch's); a p32 matrix is marked by its dtype, int8 where
+torch's packing is uint8, so that torch's kernel can never read it by mistake.
 It is built at install as an optional C extension; where it could not be built, where torch packs a layout it has
 no path for, or where `PONDER_INT4_KERNEL=torch` is set, every call goes to torch's `_weight_int4pack_mm_for_cpu`.
 `PONDER_INT4_KERNEL=avx512-vnni|avx512|avx2-vnni|avx2-int16|avx2` forces a lower path (with
@@ -85,6 +88,32 @@ ENABLED = PATH is not None
 ISA = getattr(_int4, _CODES[PATH]) if ENABLED else -1
 UNPACKS = PATH in PATHS["AVX512"]
 """Whether `unpack` runs here (the AVX-512 paths)."""
+_P32_CODES = {"avx2-int16": "ISA_P32I16", "avx2-vnni": "ISA_P32VNNI"}
+P32_ISA = getattr(_int4, _P32_CODES.get(PATH, ""), -1) if ENABLED else -1
+P32 = P32_ISA >= 0 and os.environ.get("PONDER_INT4_LAYOUT", "").lower() != "torch"
+"""Whether int4 weights move into Ponder's AVX2 layout at load (the int16 AVX2 paths, where it is built)."""
+
+
+def p32_fits(n: int, k: int, group_size: int) -> bool:
+    """Whether an (n, k) int4 matrix with this group size can move into p32 (blocks of 32 outputs, 8 inputs a step)."""
+    return P32 and n % 32 == 0 and k % group_size == 0 and group_size % 8 == 0 and group_size <= _int4.MAX_VNNI_GROUP
+
+
+def to_p32(data: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """Move a matrix in torch's AVX2 packing (uint8 (n, k / 2)) into p32, in place; returns it viewed as int8."""
+    if data.dtype != torch.uint8 or tuple(data.shape) != (n, k // 2) or not data.is_contiguous():
+        raise ValueError(f"not a contiguous packed int4 matrix of {n}x{k}")
+    _int4.p32(data.data_ptr(), n, k, 1)
+    return data.view(torch.int8)
+
+
+def torch_layout(data: torch.Tensor) -> torch.Tensor:
+    """The packed matrix in torch's layout: `data` itself, or a copy moved back from p32 (int8)."""
+    if data.dtype != torch.int8:
+        return data
+    out = data.view(torch.uint8).clone()
+    _int4.p32(out.data_ptr(), out.shape[0], out.shape[1] * 2, 0)
+    return out
 
 
 def kernel_name() -> str:
@@ -112,18 +141,29 @@ def runs_rows(rows: int, out_features: int, group_size: int) -> bool:
 
 
 def int4_mm(x: torch.Tensor, data: torch.Tensor, group_size: int, scales: torch.Tensor) -> torch.Tensor:
-    """x (M, K) bf16 @ W.T for W packed by `torch._convert_weight_to_int4pack_for_cpu` → (M, N) bf16."""
+    """x (M, K) bf16 @ W.T for W packed by `torch._convert_weight_to_int4pack_for_cpu` → (M, N) bf16; W in p32
+    (int8, `to_p32`) runs on Ponder's kernel whatever the number of rows."""
     rows, n = x.shape[0], data.shape[0]
+    if data.dtype == torch.int8:
+        if not (P32 and data.is_contiguous() and scales.is_contiguous() and scales.dtype == torch.bfloat16):
+            raise ValueError("int4 weights in Ponder's p32 layout need its kernel (models._int4) and contiguous scales")
+        return _rows(x.to(torch.bfloat16).contiguous(), data, group_size, scales, P32_ISA)
     if (runs_rows(rows, n, group_size) and x.dtype == torch.bfloat16 and x.is_contiguous()
             and data.is_contiguous() and scales.is_contiguous() and scales.dtype == torch.bfloat16):
-        out = torch.empty(rows, n, dtype=torch.bfloat16)
-        k, x_row, out_row = x.shape[1], x.stride(0) * x.element_size(), n * out.element_size()
-        for start in range(0, rows, MAX_ROWS):
-            m = min(MAX_ROWS, rows - start)
-            _int4.mm(data.data_ptr(), scales.data_ptr(), x.data_ptr() + start * x_row, out.data_ptr() + start * out_row,
-                     m, n, k, group_size, ISA)
-        return out
+        return _rows(x, data, group_size, scales, ISA)
     return torch._weight_int4pack_mm_for_cpu(x, data, group_size, scales)
+
+
+def _rows(x: torch.Tensor, data: torch.Tensor, group_size: int, scales: torch.Tensor, isa: int) -> torch.Tensor:
+    """Ponder's kernel over x's rows, MAX_ROWS at a time (each row computes the same either way)."""
+    rows, n = x.shape[0], data.shape[0]
+    out = torch.empty(rows, n, dtype=torch.bfloat16)
+    k, x_row, out_row = x.shape[1], x.stride(0) * x.element_size(), n * out.element_size()
+    for start in range(0, rows, MAX_ROWS):
+        m = min(MAX_ROWS, rows - start)
+        _int4.mm(data.data_ptr(), scales.data_ptr(), x.data_ptr() + start * x_row, out.data_ptr() + start * out_row,
+                 m, n, k, group_size, isa)
+    return out
 
 
 _SCRATCH = threading.local()

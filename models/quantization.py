@@ -125,7 +125,8 @@ def dense_weight(module: nn.Module) -> torch.Tensor:
     w = module.weight
     if isinstance(w, TinyGemm):
         eye = torch.eye(module.in_features, dtype=torch.bfloat16)
-        return torch._weight_int4pack_mm_for_cpu(eye, w._data._data, w._group_size, w._scale_shift).t().contiguous()
+        packed = int4_kernel.torch_layout(w._data._data)
+        return torch._weight_int4pack_mm_for_cpu(eye, packed, w._group_size, w._scale_shift).t().contiguous()
     return w.dequantize().to(torch.bfloat16)
 
 
@@ -204,10 +205,11 @@ def unpack_int4(module: nn.Module, scratch: bool = False) -> torch.Tensor:
     reused buffer (valid until the next scratch unpack), which a forward pass consumes at once."""
     w = module.weight
     n, k, group = module.out_features, module.in_features, w._group_size
-    fast = int4_kernel.unpack(w._data._data, w._scale_shift, group, k, scratch)  # the same numbers, in one C pass
+    packed = int4_kernel.torch_layout(w._data._data)
+    fast = int4_kernel.unpack(packed, w._scale_shift, group, k, scratch)  # the same numbers, in one C pass
     if fast is not None:
         return fast
-    v = w._data._data.view(n // 64, k, 32)
+    v = packed.view(n // 64, k, 32)
     q = torch.cat((v & 0xF, v >> 4), -1).permute(1, 0, 2).reshape(k // group, group, n)
     scale_zero = w._scale_shift.float().unsqueeze(1)  # (k / group, 1, n, 2)
     wt = q.float().sub_(8).mul_(scale_zero[..., 0]).add_(scale_zero[..., 1])
@@ -237,9 +239,9 @@ def unpack_matches_kernel() -> bool:
 
 
 def _int4_forward(self, x: torch.Tensor) -> torch.Tensor:
+    w = self.weight
     if torch.is_grad_enabled() or x.dtype != torch.bfloat16:
         return self._quanto_forward(x)
-    w = self.weight
     x2d = x.reshape(-1, x.shape[-1]).contiguous()  # the packed kernels take contiguous rows only
     if x2d.shape[0] >= prefill_rows() and self.out_features % 64 == 0 and unpack_matches_kernel():
         out = torch.matmul(x2d, unpack_int4(self, scratch=True))
@@ -257,6 +259,29 @@ def _int8_forward(self, x: torch.Tensor) -> torch.Tensor:
     return out if self.bias is None else out.add_(self.bias)
 
 
+def _p32_reference_forward(self, x: torch.Tensor) -> torch.Tensor:
+    """quanto's forward for a weight in p32, which quanto's kernel call cannot read: x @ the dequantized weight."""
+    return nn.functional.linear(x, dense_weight(self).to(x.dtype), self.bias)
+
+
+def _teach_quanto_p32() -> None:
+    """quanto reads a packed int4 weight's codes through torch's kernel (`TinyGemmPackedTensor.unpack`: state_dict,
+    dequantize), which cannot read p32: hand it torch's layout of the same codes."""
+    from optimum.quanto.tensor.weights.tinygemm.packed import TinyGemmPackedTensor
+
+    original = TinyGemmPackedTensor.unpack
+    if getattr(original, "reads_p32", False):
+        return
+
+    def unpack(self):
+        if self._data.dtype != torch.int8:
+            return original(self)
+        return original(TinyGemmPackedTensor(int4_kernel.torch_layout(self._data), self.size(), self.stride()))
+
+    unpack.reads_p32 = True
+    TinyGemmPackedTensor.unpack = unpack
+
+
 def _dequant_forward(self, x: torch.Tensor) -> torch.Tensor:
     """Shapes the packed kernels do not take (tiny test models): dequantize on the fly."""
     if torch.is_grad_enabled():
@@ -265,7 +290,8 @@ def _dequant_forward(self, x: torch.Tensor) -> torch.Tensor:
 
 
 def install_fast_kernels(model: nn.Module) -> int:
-    """Route inference through torch's packed CPU kernels; return how many layers got a fast path."""
+    """Route inference through the packed CPU kernels; return how many layers got a fast path. On AVX2 the int4
+    weights move into Ponder's own layout here, in place (models.int4_kernel.to_p32)."""
     from optimum.quanto.nn import QLinear
     from optimum.quanto.tensor.weights.qbytes import WeightQBytesTensor
     from optimum.quanto.tensor.weights.tinygemm import TinyGemmWeightQBitsTensor
@@ -275,14 +301,21 @@ def install_fast_kernels(model: nn.Module) -> int:
         if not isinstance(module, QLinear) or "_quanto_forward" in module.__dict__:
             continue
         w = module.weight
+        quanto_forward = module.forward
         if isinstance(w, TinyGemmWeightQBitsTensor) and w.device.type == "cpu":
             fast = _int4_forward
+            data = w._data._data
+            if data.dtype == torch.uint8 and int4_kernel.p32_fits(module.out_features, module.in_features,
+                                                                  int(w._group_size)):
+                _teach_quanto_p32()
+                w._data._data = int4_kernel.to_p32(data, module.out_features, module.in_features)
+                quanto_forward = types.MethodType(_p32_reference_forward, module)
         elif isinstance(w, WeightQBytesTensor) and w._data.dtype == torch.int8 and w.device.type == "cpu":
             module._int8_scale = w._scale.flatten().to(torch.bfloat16).contiguous()
             fast = _int8_forward
         else:
             fast = _dequant_forward
-        module._quanto_forward = module.forward
+        module._quanto_forward = quanto_forward
         module.forward = types.MethodType(fast, module)
         count += 1
     return count

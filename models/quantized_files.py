@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from . import int4_grid
+from . import int4_grid, int4_kernel
 from .fpt import FptSpec
 from .quantization import GROUP_SIZE, _packed_weight, _qclasses, _rebuild_nonpersistent_buffers, install_fast_kernels
 
@@ -41,7 +41,7 @@ def packed_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
             continue
         w = module.weight
         if isinstance(w, TinyGemm):
-            state[name + ".weight" + PACKED_DATA] = w._data._data
+            state[name + ".weight" + PACKED_DATA] = int4_kernel.torch_layout(w._data._data)  # files hold torch's
             state[name + ".weight" + PACKED_SCALES] = w._scale_shift
         else:
             w.save_to_state_dict(state, name + ".weight.", False)
@@ -172,7 +172,8 @@ def check_quantized_shapes(model: nn.Module) -> None:
         w, n, k = module.weight, module.out_features, module.in_features
         if isinstance(w, TinyGemm):
             data, scales, group = w._data._data, w._scale_shift, int(w._group_size)
-            fits = (group > 0 and k % group == 0 and data.dtype == torch.uint8 and tuple(data.shape) == (n, k // 2)
+            fits = (group > 0 and k % group == 0 and data.dtype in (torch.uint8, torch.int8)  # int8: p32
+                    and tuple(data.shape) == (n, k // 2)
                     and scales.dtype == torch.bfloat16 and tuple(scales.shape) == (k // group, n, 2))
         elif isinstance(w, WeightQBytesTensor):
             fits = tuple(w._data.shape) == (n, k) and w._scale.numel() == n

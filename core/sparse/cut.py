@@ -18,7 +18,7 @@ from torch.nn import functional as F
 
 from models import int4_grid
 from models.int4_kernel import int4_mm
-from models.quantization import unpack_matches_kernel
+from models.quantization import dense_weight, unpack_matches_kernel
 
 BLOCK = 64
 """Rows per block of torch's packed int4 CPU layout: kept neurons come in whole multiples of it."""
@@ -29,7 +29,7 @@ CHUNK = 32
 def _is_packed_int4(base) -> bool:
     w = getattr(base, "weight", None)
     return (type(w).__name__ == "TinyGemmWeightQBitsTensor" and w.device.type == "cpu"
-            and base.out_features % BLOCK == 0 and unpack_matches_kernel())
+            and base.out_features % BLOCK == 0 and w._data._data.dtype == torch.uint8 and unpack_matches_kernel())
 
 
 def packed_group(proj) -> int | None:
@@ -39,6 +39,8 @@ def packed_group(proj) -> int | None:
 
 def _dense_weight(base) -> torch.Tensor:
     w = base.weight
+    if type(w).__name__ == "TinyGemmWeightQBitsTensor" and w._data._data.dtype == torch.int8:  # p32 (AVX2)
+        return dense_weight(base)
     return (w.dequantize() if hasattr(w, "dequantize") else w.detach()).to(torch.bfloat16)
 
 

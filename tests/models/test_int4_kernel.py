@@ -180,6 +180,114 @@ def test_every_path_this_cpu_runs_agrees_with_the_others():
         assert (y.double() - exact).abs().max() <= exact.abs().max() * 2 ** -7
 
 
+def test_p32_holds_each_nibble_where_its_layout_says_and_moves_back_byte_for_byte():
+    """Ponder's AVX2 layout (models/_int4_p32.c): for each 8 inputs of a block of 32 outputs, 4 lines of 8 dwords, dword
+    j of line l output 8l + j, nibble s input 2s and nibble s + 4 input 2s + 1. Plain C: runs on every x86-64 CPU."""
+    if int4_kernel._int4 is None:
+        pytest.skip("needs the built kernel")
+    import numpy as np
+
+    n, k = 96, 64
+    data = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
+    moved = data.clone()
+    int4_kernel._int4.p32(moved.data_ptr(), n, k, 1)
+    src, dst = data.numpy().reshape(-1), moved.numpy().reshape(-1)
+    for out in range(n):
+        b, j = divmod(out, 32)
+        for i in range(k):
+            byte = int(src[b * k * 16 + i * 16 + j % 16])
+            torch_nibble = byte & 15 if j < 16 else byte >> 4
+            at = b * k * 16 + (i // 8) * 128 + (j // 8) * 32 + (j % 8) * 4
+            dword = int(np.frombuffer(dst[at:at + 4].tobytes(), dtype="<u4")[0])
+            assert dword >> (4 * (i % 8 // 2) + 16 * (i % 2)) & 15 == torch_nibble, (out, i)
+    int4_kernel._int4.p32(moved.data_ptr(), n, k, 0)
+    assert torch.equal(moved, data)
+    for bad_n, bad_k in ((48, 64), (96, 12)):
+        with pytest.raises(ValueError, match="outside the layout"):
+            int4_kernel._int4.p32(moved.data_ptr(), bad_n, bad_k, 1)
+
+
+needs_p32 = pytest.mark.skipif(not int4_kernel.P32, reason="p32 is the int16 AVX2 paths' layout: checked in the AVX2 "
+                                                            "child processes below")
+
+
+def avx2_packing(q: torch.Tensor) -> torch.Tensor:
+    """Codes (n, k) in torch's AVX2 layout, whatever this process packs: blocks of 32 outputs, 16 bytes an input."""
+    n, k = q.shape
+    blocks = q.to(torch.uint8).view(n // 32, 2, 16, k)  # (block, half, output within the half, input)
+    return (blocks[:, 0] | blocks[:, 1] << 4).transpose(1, 2).contiguous().view(n, k // 2)
+
+
+@pytest.mark.parametrize(("n", "k", "group"), [(1152, 896, 128), (128, 512, 32), (96, 256, 64), (64, 4096, 2048)])
+def test_p32_gives_every_row_the_bits_of_torchs_avx2_layout_whatever_the_rows(n, k, group):
+    """The same exact int32 sums on either layout: on p32 each int16 AVX2 path gives every row the bits it gives on
+    torch's AVX2 layout, for any number of rows (p32 never falls back to torch's kernel, which cannot read it).
+    Only AVX2 instructions: runs on every CPU with AVX2 + FMA (AVX-VNNI for its path)."""
+    lib = int4_kernel._int4
+    if lib is None or not lib.features() >> lib.ISA_P32I16 & 1:
+        pytest.skip("needs the built kernel on a CPU with AVX2 + FMA")
+    gen = torch.Generator().manual_seed(n + k)
+    q = torch.randint(0, 16, (n, k), dtype=torch.int32, generator=gen)
+    _, scales, _ = random_int4(n, k, group)
+    weight = ((q.double() - 8) * scales[..., 0].double().repeat_interleave(group, 0).t()
+              + scales[..., 1].double().repeat_interleave(group, 0).t())
+    packed = avx2_packing(q)
+    if torch.backends.cpu.get_cpu_capability() == "AVX2":  # the AVX2 child processes: torch's own packing
+        assert torch.equal(packed, torch._convert_weight_to_int4pack_for_cpu(q, 1))
+    p32 = packed.clone()
+    lib.p32(p32.data_ptr(), n, k, 1)
+    p32 = p32.view(torch.int8)
+    assert torch.equal(int4_kernel.torch_layout(p32), packed)
+    pairs = [(lib.ISA_P32I16, lib.ISA_AVX2I16)]
+    if lib.features() >> lib.ISA_P32VNNI & 1:
+        pairs.append((lib.ISA_P32VNNI, lib.ISA_AVXVNNI))
+    for p32_isa, torch_isa in pairs:
+        for rows in (1, 2, 5, 16, 17, 70):
+            x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows)).to(torch.bfloat16)
+            got = int4_kernel._rows(x, p32, group, scales, p32_isa)
+            exact = x.double() @ weight.t()
+            assert (got.double() - exact).abs().max() <= exact.abs().max() * 2 ** -7
+            if n % 64 == 0:  # torch's layout: the kernel takes whole blocks of 64 outputs
+                assert torch.equal(got, int4_kernel._rows(x, packed, group, scales, torch_isa))
+            assert torch.equal(got[:1], int4_kernel._rows(x[:1].contiguous(), p32, group, scales, p32_isa))
+
+
+@needs_p32
+def test_a_model_on_p32_answers_saves_and_restores_as_on_torchs_layout(tmp_path, monkeypatch):
+    """install_fast_kernels moves int4 weights into p32; logits, the dense copy, quanto's autograd path, the state
+    dict and the saved files (torch's layout, read back into p32) all see the weights of a model left on torch's
+    layout."""
+    from core.decode.cache import new_cache
+    from models import quantization
+    from models.quantized_files import load_quantized, save_quantized
+    from tests.tiny import make_model
+
+    ids = torch.randint(5, 300, (1, 12), generator=torch.Generator().manual_seed(0))
+
+    def logits(model):
+        with torch.inference_mode():
+            return model(input_ids=ids, cache=new_cache(model.config, "bf16"), use_cache=True).logits
+
+    moved = quantization.quantize_model(make_model(448), 4, head_bits=4)
+    layer = moved.model.layers[0].mlp.down_proj
+    assert layer.weight._data._data.dtype == torch.int8
+    with monkeypatch.context() as m:
+        m.setattr(int4_kernel, "P32", False)
+        kept = quantization.quantize_model(make_model(448), 4, head_bits=4)
+    assert kept.model.layers[0].mlp.down_proj.weight._data._data.dtype == torch.uint8
+    assert torch.equal(logits(moved), logits(kept))
+    assert torch.equal(quantization.dense_weight(layer), quantization.dense_weight(kept.model.layers[0].mlp.down_proj))
+    x = torch.randn(3, 256, dtype=torch.float32, requires_grad=True)
+    layer(x).sum().backward()  # float, with grad: the dequantized weight, not quanto's reader of torch's bytes
+    assert x.grad is not None and torch.isfinite(x.grad).all()
+    ours, theirs = moved.state_dict(), kept.state_dict()  # what peft's adapter saving and loading walk through
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[key], theirs[key]) for key in theirs)
+    save_quantized(moved, tmp_path, 4, 4)
+    restored = load_quantized(tmp_path)
+    assert restored.model.layers[0].mlp.down_proj.weight._data._data.dtype == torch.int8
+    assert torch.equal(logits(restored), logits(kept))
+
+
 @pytest.mark.parametrize("path", ["avx2", "avx2-int16", "avx2-vnni"])
 def test_the_avx2_paths_pass_these_tests_on_torchs_avx2_packing(path):
     """A laptop without AVX-512: torch packs its AVX2 layout, and each AVX2 path (with AVX-VNNI, or FMA only) runs

@@ -131,6 +131,7 @@ from pathlib import Path
 from safetensors.torch import save_file
 from models import int4_grid
 from models.gptq import codes_fingerprint
+from models.int4_kernel import torch_layout
 from models.quantization import dense_weight, quantize_model
 from models.quantized_files import cpu_capability, save_quantized
 from tests.tiny import make_model
@@ -141,7 +142,7 @@ for name, module in q.named_modules():
     w = getattr(module, "weight", None)
     if hasattr(w, "_scale_shift"):
         ss = w._scale_shift
-        codes[name] = (int4_grid.unpack(w._data._data, ss.shape[1], ss.shape[0] * 128, cpu_capability()),
+        codes[name] = (int4_grid.unpack(torch_layout(w._data._data), ss.shape[1], ss.shape[0] * 128, cpu_capability()),
                        ss[..., 0].t(), ss[..., 1].t())
 q.ponder_codes = codes_fingerprint(codes)
 save_quantized(q, out, 4, 4)
