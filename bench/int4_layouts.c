@@ -4,8 +4,8 @@
 //   old  the shipped avx2-int16 loop on torch's AVX2 layout (extract, unpack, vpmovzxbw, vpmaddwd);
 //   mid  torch's layout kept, x split into byte planes (x = 256 xh + xl) for vpmaddubsw (bit-identical sums;
 //        tried in models/_int4.c: 1.06x at one row on the 0.5B, none at 2 or 16 rows, so not kept);
-//   new  a layout of Ponder's own where one vpand/vpsrld per 8 outputs gives int16 pairs (no shuffles), which
-//        would need the weights repacked at load.
+//   new  a layout of Ponder's own where one vpand/vpsrld per 8 outputs gives int16 pairs (no shuffles), with the
+//        weights repacked at load: shipped since 2026-12-07 as p32 (models/_int4_p32.c).
 // Build and run: gcc -O3 -fopenmp bench/int4_layouts.c -o /tmp/int4_layouts && /tmp/int4_layouts
 #include <immintrin.h>
 #include <stdint.h>
