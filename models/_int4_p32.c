@@ -12,8 +12,6 @@
 // either layout. Weights are moved into p32 once, at load (models.int4_kernel.to_p32), in place.
 #include "_int4.h"
 
-#include <omp.h>
-
 // One block's nibble (output n, input k) in torch's AVX2 layout and in p32.
 static inline int torch_nibble(const uint8_t* blk, int n, int k) {
     const uint8_t byte = blk[(size_t)k * 16 + (n & 15)];

@@ -147,7 +147,9 @@ def int4_mm(x: torch.Tensor, data: torch.Tensor, group_size: int, scales: torch.
     if data.dtype == torch.int8:
         if not (P32 and data.is_contiguous() and scales.is_contiguous() and scales.dtype == torch.bfloat16):
             raise ValueError("int4 weights in Ponder's p32 layout need its kernel (models._int4) and contiguous scales")
-        return _rows(x.to(torch.bfloat16).contiguous(), data, group_size, scales, P32_ISA)
+        if x.dtype != torch.bfloat16 or not x.is_contiguous():
+            x = x.to(torch.bfloat16).contiguous()
+        return _rows(x, data, group_size, scales, P32_ISA)
     if (runs_rows(rows, n, group_size) and x.dtype == torch.bfloat16 and x.is_contiguous()
             and data.is_contiguous() and scales.is_contiguous() and scales.dtype == torch.bfloat16):
         return _rows(x, data, group_size, scales, ISA)

@@ -304,9 +304,9 @@ def install_fast_kernels(model: nn.Module) -> int:
         quanto_forward = module.forward
         if isinstance(w, TinyGemmWeightQBitsTensor) and w.device.type == "cpu":
             fast = _int4_forward
-            data = w._data._data
-            if data.dtype == torch.uint8 and int4_kernel.p32_fits(module.out_features, module.in_features,
-                                                                  int(w._group_size)):
+            data, n, k = w._data._data, module.out_features, module.in_features
+            if (data.dtype == torch.uint8 and data._base is None and data.is_contiguous()  # not a view of a fused copy
+                    and tuple(data.shape) == (n, k // 2) and int4_kernel.p32_fits(n, k, int(w._group_size))):
                 _teach_quanto_p32()
                 w._data._data = int4_kernel.to_p32(data, module.out_features, module.in_features)
                 quanto_forward = types.MethodType(_p32_reference_forward, module)

@@ -172,8 +172,7 @@ def check_quantized_shapes(model: nn.Module) -> None:
         w, n, k = module.weight, module.out_features, module.in_features
         if isinstance(w, TinyGemm):
             data, scales, group = w._data._data, w._scale_shift, int(w._group_size)
-            fits = (group > 0 and k % group == 0 and data.dtype in (torch.uint8, torch.int8)  # int8: p32
-                    and tuple(data.shape) == (n, k // 2)
+            fits = (group > 0 and k % group == 0 and data.dtype == torch.uint8 and tuple(data.shape) == (n, k // 2)
                     and scales.dtype == torch.bfloat16 and tuple(scales.shape) == (k // group, n, 2))
         elif isinstance(w, WeightQBytesTensor):
             fits = tuple(w._data.shape) == (n, k) and w._scale.numel() == n

@@ -53,6 +53,8 @@ class _Packed:
         self.group_size = group.pop()
         self.sizes = [m.out_features for m in modules]
         datas = [m.weight._data._data for m in modules]
+        if len({d.dtype for d in datas}) != 1:  # uint8: torch's packing; int8: p32 (models.int4_kernel.to_p32)
+            raise ValueError("linears packed in different layouts cannot share a matrix")
         if len(modules) == 1:
             self.data = datas[0]
         else:
