@@ -390,43 +390,11 @@ TARGET static inline __attribute__((always_inline)) void block_rows_##NAME(const
         }                                                                                                                  \
         if (sets == 2)                                                                                                     \
             for (int q = 0; q < 4; q++) acc[0][0][q] = _mm256_add_epi32(acc[0][0][q], acc[1][0][q]);                       \
-        const uint32_t* sz = scales32 + (size_t)g * N + n0;                                                                \
-        for (int q = 0; q < 4; q++) {                                                                                      \
-            const __m256i packed = _mm256_loadu_si256((const __m256i*)(sz + 8 * q));                                       \
-            const __m256 s = _mm256_castsi256_ps(_mm256_slli_epi32(packed, 16));                                           \
-            const __m256 z = _mm256_castsi256_ps(_mm256_and_si256(packed, _mm256_set1_epi32((int)0xFFFF0000u)));           \
-            const __m256 offset = _mm256_fnmadd_ps(s, _mm256_set1_ps(8.0f), z);                                            \
-            for (int r = 0; r < rows; r++) {                                                                               \
-                const __m256 sx = _mm256_mul_ps(s, _mm256_set1_ps(xscale[r * groups + g]));                                \
-                __m256 o = _mm256_fmadd_ps(sx, _mm256_cvtepi32_ps(acc[0][r][q]), _mm256_loadu_ps(out + r * 32 + 8 * q));   \
-                o = _mm256_fmadd_ps(offset, _mm256_set1_ps(xsum[r * groups + g]), o);                                      \
-                _mm256_storeu_ps(out + r * 32 + 8 * q, o);                                                                 \
-            }                                                                                                              \
-        }                                                                                                                  \
+        avx2_int_group(scales32 + (size_t)g * N + n0, acc[0], xscale, xsum, out, rows, g, groups);                         \
     }                                                                                                                      \
-    for (int r = 0; r < rows; r++)                                                                                         \
-        for (int q = 0; q < 4; q++)                                                                                        \
-            _mm_storeu_si128((__m128i*)(y + (size_t)r * N + n0 + 8 * q), bf16_256(_mm256_loadu_ps(out + r * 32 + 8 * q))); \
+    avx2_store_rows(out, y, rows, n0, N);                                                                                  \
 }                                                                                                                          \
-                                                                                                                           \
-TARGET static void blocks_##NAME(const uint8_t* packed, const uint32_t* scales32, const int16_t* xi,                       \
-                                          const float* xscale, const float* xsum, uint16_t* y, int M, int N, int K,        \
-                                          int group) {                                                                     \
-    const int groups = K / group;                                                                                          \
-    _Pragma("omp parallel for schedule(static)")                                                                           \
-    for (int b = 0; b < N / 32; b++) {                                                                                     \
-        float out[2 * 32] __attribute__((aligned(32)));                                                                    \
-        const uint8_t* blk = packed + (size_t)b * K * 16;                                                                  \
-        for (int m = 0; m < M; m += 2) {                                                                                   \
-            const int16_t* xm = xi + (size_t)m * K;                                                                        \
-            const float* cm = xscale + m * groups;                                                                         \
-            const float* sm = xsum + m * groups;                                                                           \
-            uint16_t* ym = y + (size_t)m * N;                                                                              \
-            if (M - m >= 2) block_rows_##NAME(blk, scales32, xm, cm, sm, out, ym, 2, b * 32, N, K, group);                 \
-            else block_rows_##NAME(blk, scales32, xm, cm, sm, out, ym, 1, b * 32, N, K, group);                            \
-        }                                                                                                                  \
-    }                                                                                                                      \
-}
+DEFINE_AVX2_BLOCKS(NAME, TARGET, static)
 
 #define DOT_AVXVNNI(acc, w, x) _mm256_dpwssd_avx_epi32(acc, w, x)
 #define DOT_AVX2(acc, w, x) _mm256_add_epi32(acc, _mm256_madd_epi16(w, x))
