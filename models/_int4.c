@@ -365,11 +365,9 @@ TARGET static inline __attribute__((always_inline)) void block_rows_##NAME(const
     const uint8_t* line = blk;  /* two inputs a step: 32 bytes, input k's 16 then input k + 1's */                         \
     for (int g = 0; g < groups; g++) {                                                                                     \
         prefetch_scales(scales32 + (size_t)g * N + n0, 32);                                                                \
-        const int sets = rows == 1 ? 2 : 1;  /* exact integer sums: splitting one row's changes nothing */                 \
+        const int sets = rows == 1 ? 2 : 1;                                                                                \
         __m256i acc[2][2][4];                                                                                              \
-        for (int t = 0; t < sets; t++)                                                                                     \
-            for (int r = 0; r < rows; r++)                                                                                 \
-                for (int q = 0; q < 4; q++) acc[t][r][q] = _mm256_setzero_si256();                                         \
+        avx2_zero_acc(acc, sets, rows);                                                                                    \
         for (int p = g * pairs; p < (g + 1) * pairs; p++, line += 32) {                                                    \
             const int t = sets == 2 ? (p & 1) : 0;                                                                         \
             _mm_prefetch((const char*)(line + PREFETCH), _MM_HINT_T0);                                                     \

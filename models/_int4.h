@@ -40,6 +40,15 @@ AVX2_TARGET static inline __m128i bf16_256(__m256 v) {
     return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
 }
 
+// Zeroes the int16 AVX2 paths' accumulators of one group: `sets` alternating sets (2 for one row: exact integer sums,
+// so splitting one row's changes nothing) of `rows` rows x 4 lines of 8 outputs.
+AVX2_TARGET static inline __attribute__((always_inline)) void avx2_zero_acc(__m256i acc[2][2][4], const int sets,
+                                                                           const int rows) {
+    for (int t = 0; t < sets; t++)
+        for (int r = 0; r < rows; r++)
+            for (int l = 0; l < 4; l++) acc[t][r][l] = _mm256_setzero_si256();
+}
+
 // The int16 AVX2 paths' group step (ISA_AVXVNNI, ISA_AVX2I16 and their p32 forms), for up to 2 rows of 32 outputs:
 // out += s * xscale * acc + (z - 8 s) * xsum, acc[r][l] holding outputs 8l..8l+7's exact sums of q * x.
 AVX2_TARGET static inline __attribute__((always_inline)) void avx2_int_group(const uint32_t* sz, __m256i acc[2][4],

@@ -75,11 +75,9 @@ TARGET static inline __attribute__((always_inline)) void block_rows_##NAME(const
     const uint8_t* line = blk;  /* 128 bytes per 8 inputs */                                                               \
     for (int g = 0; g < groups; g++) {                                                                                     \
         prefetch_scales(scales32 + (size_t)g * N + n0, 32);                                                                \
-        const int sets = rows == 1 ? 2 : 1;  /* exact integer sums: splitting one row's changes nothing */                 \
+        const int sets = rows == 1 ? 2 : 1;                                                                                \
         __m256i acc[2][2][4];                                                                                              \
-        for (int t = 0; t < sets; t++)                                                                                     \
-            for (int r = 0; r < rows; r++)                                                                                 \
-                for (int l = 0; l < 4; l++) acc[t][r][l] = _mm256_setzero_si256();                                         \
+        avx2_zero_acc(acc, sets, rows);                                                                                    \
         for (int c = g * eights; c < (g + 1) * eights; c++, line += 128) {                                                 \
             const int t = sets == 2 ? (c & 1) : 0;                                                                         \
             _mm_prefetch((const char*)(line + PREFETCH), _MM_HINT_T0);                                                     \
