@@ -12,6 +12,8 @@ and runs GPTQ (core.loading.shipped_fpt_spec; the spec is used only for base wei
 (models/fpt_training.py); it saves after every layer into --out and a rerun continues there. `--end-to-end`
 then trains all layers' scales together against the float model's outputs (models/fpt_end_to_end.py);
 `--extra-texts N` adds GSM8K and MATH train texts to its rows (the shipped texts alone overfit it on the 1.5B).
+`--on-held-text` trains it on `bench.fpt_ablation`'s held text itself instead: a measured bound on what these
+scales can reach there (never shipped; --out must lie outside resources/).
 """
 from __future__ import annotations
 
@@ -45,6 +47,9 @@ def main(argv=None) -> int:
     p.add_argument("--extra-texts", type=int, default=0, metavar="N",
                    help="--end-to-end: also train on N GSM8K and N MATH train problems with their solutions (rows "
                         f"{EXTRA_ROW} on, no other stage's), beside the shipped calibration texts")
+    p.add_argument("--on-held-text", action="store_true",
+                   help="--end-to-end: train on the ablation's held text (bench.quant.held_rows) and nothing else, "
+                        "to bound what the transforms can reach there; the spec is a measurement, never shipped")
     p.add_argument("--start", default="grid",
                    help="--train's starting point: grid (the grid search's spec, the shipped one if present), "
                         "identity (none), or a folder holding a spec, e.g. a shorter run's, to train further")
@@ -59,6 +64,8 @@ def main(argv=None) -> int:
         p.error("--train and --end-to-end need --out DIR and group 128")
     if args.train and args.end_to_end:
         p.error("--train and --end-to-end are separate runs: train layer by layer first, then --start its --out")
+    if args.on_held_text and (not args.end_to_end or args.extra_texts or resource_dir() in args.out.resolve().parents):
+        p.error("--on-held-text is an --end-to-end bound on the held text alone, saved outside resources/")
     installed = ModelStore().get(args.model)
     base = source_sha256(installed)
     if base is None:
@@ -90,6 +97,8 @@ def main(argv=None) -> int:
 
         init = start_spec(p, args.start, installed, model, batches)
         extra, texts = extra_batches(installed.hf_dir, args.extra_texts)
+        if args.on_held_text:
+            batches, texts = held_batches(installed.hf_dir), HELD_TEXT
         spec, log = train_end_to_end(model, batches + extra, init, length=args.length, steps=args.steps,
                                      batch=args.batch, lr=args.lr, state=folder / "end_to_end",
                                      report=lambda r: print(json.dumps(r), flush=True), texts=texts)
@@ -136,6 +145,17 @@ def extra_batches(hf_dir: Path, n: int) -> tuple[list[torch.Tensor], str]:
         texts += [f"{row[question]}\n{row[solution]}" for row in map(json.loads, lines)]
     batches = [torch.tensor(tokenizer(t)["input_ids"][:CALIBRATION_TOKENS]) for t in texts]
     return batches, f"shipped + GSM8K and MATH train rows {EXTRA_ROW}-{EXTRA_ROW + n - 1}"
+
+
+HELD_TEXT = "the ablation's held text (bench.quant.held_rows), as a bound"
+
+
+def held_batches(hf_dir: Path) -> list[torch.Tensor]:
+    """Token ids of every row of the ablation's held text, prompt and reply, as bench.fpt_ablation scores them."""
+    from bench.quant import held_rows
+    from core.loading import load_tokenizer
+
+    return [torch.tensor(ids) for ids, _ in held_rows(load_tokenizer(hf_dir))]
 
 
 def start_spec(p, start: str, installed, model, batches):

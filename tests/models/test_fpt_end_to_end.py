@@ -56,3 +56,19 @@ def test_end_to_end_training_lowers_held_out_kl_and_keeps_the_float_function(tmp
     with pytest.raises(ValueError, match="other settings"):  # the same settings from another start
         train_end_to_end(float_model(), calibration_texts(), spec, length=48, steps=8, batch=2, lr=1e-2,
                          save_every=3, state=other)
+
+
+def test_the_held_text_bound_is_refused_where_it_could_be_shipped(tmp_path, capsys):
+    """`--on-held-text` trains on the evaluation text itself: a measurement, so it is an --end-to-end run that
+    never writes into resources/ (where a spec would ship) and never mixes in other texts."""
+    from core.storage.paths import resource_dir
+    from scripts.fit_fpt_spec import main
+
+    base = ["--model", "any", "--on-held-text", "--start", str(tmp_path)]
+    for extra in (["--train", "--out", str(tmp_path)],  # not the layer-by-layer stage
+                  ["--end-to-end", "--out", str(resource_dir() / "fpt" / "any")],  # never into resources/
+                  ["--end-to-end", "--out", str(tmp_path), "--extra-texts", "4"]):  # the held text alone
+        with pytest.raises(SystemExit) as stop:
+            main(base + extra)
+        assert stop.value.code == 2
+    assert "--on-held-text" in capsys.readouterr().err
