@@ -12,7 +12,8 @@ and runs GPTQ (core.loading.shipped_fpt_spec; the spec is used only for base wei
 (models/fpt_training.py); it saves after every layer into --out and a rerun continues there. `--end-to-end`
 then trains all layers' scales together against the float model's outputs (models/fpt_end_to_end.py);
 `--extra-texts N` adds GSM8K and MATH train texts to its rows (the shipped texts alone overfit it on the 1.5B).
-`--on-held-text` trains it on `bench.fpt_ablation`'s held text itself instead: a measured bound on what these
+`--on-held-text` trains it on `bench.fpt_ablation`'s held text itself instead, scored as the ablation scores it (the
+replies' tokens only, each held row whole in one row of --length, values in bf16): a measured bound on what these
 scales can reach there (never shipped; --out must lie outside resources/).
 """
 from __future__ import annotations
@@ -97,11 +98,13 @@ def main(argv=None) -> int:
 
         init = start_spec(p, args.start, installed, model, batches)
         extra, texts = extra_batches(installed.hf_dir, args.extra_texts)
+        rows = None
         if args.on_held_text:
-            batches, texts = held_batches(installed.hf_dir), HELD_TEXT
+            rows, texts = held_text_rows(installed.hf_dir, args.length, model.config.eos_token_id), HELD_TEXT
         spec, log = train_end_to_end(model, batches + extra, init, length=args.length, steps=args.steps,
                                      batch=args.batch, lr=args.lr, state=folder / "end_to_end",
-                                     report=lambda r: print(json.dumps(r), flush=True), texts=texts)
+                                     report=lambda r: print(json.dumps(r), flush=True), texts=texts, rows=rows,
+                                     kv8=not args.on_held_text)
         method = (f"trained end to end from the {args.start} spec (models/fpt_end_to_end.py): KL of the quantized "
                   "model (int4 weights, int8 values) to the float model, straight-through rounding")
         extra = {"start": args.start, "steps": args.steps, "batch_rows": args.batch, "lr": args.lr, "texts": texts,
@@ -150,12 +153,29 @@ def extra_batches(hf_dir: Path, n: int) -> tuple[list[torch.Tensor], str]:
 HELD_TEXT = "the ablation's held text (bench.quant.held_rows), as a bound"
 
 
-def held_batches(hf_dir: Path) -> list[torch.Tensor]:
-    """Token ids of every row of the ablation's held text, prompt and reply, as bench.fpt_ablation scores them."""
+def held_text_rows(hf_dir: Path, length: int, eos: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ablation's held text (bench.quant.held_rows) as rows of `length` tokens, each held row whole in one
+    (longest first, into the first row with room; end-of-text tokens pad), and the weight of each position's
+    prediction: 1 where the ablation scores it (a reply's tokens), else 0. Unlike the ablation's, a held row packed
+    after others has them in its context."""
     from bench.quant import held_rows
     from core.loading import load_tokenizer
 
-    return [torch.tensor(ids) for ids, _ in held_rows(load_tokenizer(hf_dir))]
+    held = sorted(held_rows(load_tokenizer(hf_dir)), key=lambda r: -len(r[0]))
+    if len(held[0][0]) > length:
+        raise SystemExit(f"--on-held-text: the longest held row has {len(held[0][0])} tokens; use --length >= that")
+    rows, weights, used = [], [], []
+    for ids, start in held:
+        i = next((i for i, n in enumerate(used) if n + len(ids) <= length), len(rows))
+        if i == len(rows):
+            rows.append(torch.full((length,), eos))
+            weights.append(torch.zeros(length))
+            used.append(0)
+        at = used[i]
+        rows[i][at:at + len(ids)] = torch.tensor(ids)
+        weights[i][at + start:at + len(ids) - 1] = 1.0  # position p predicts token p + 1: the reply's tokens
+        used[i] += len(ids)
+    return torch.stack(rows), torch.stack(weights)
 
 
 def start_spec(p, start: str, installed, model, batches):

@@ -72,3 +72,27 @@ def test_the_held_text_bound_is_refused_where_it_could_be_shipped(tmp_path, caps
             main(base + extra)
         assert stop.value.code == 2
     assert "--on-held-text" in capsys.readouterr().err
+
+
+def test_weighted_rows_score_only_their_positions_and_float_values_are_a_setting(tmp_path):
+    """Rows given with per-position weights (the held-text bound's) train and score on those positions only;
+    weights of one everywhere but the first position score as the plain rows do; kv8=False is part of the settings."""
+    model = float_model()
+    rows = chunks(calibration_texts(), 48, model.config.eos_token_id)
+    start = FptSpec.identity(model.config)
+    ones = torch.ones(rows.shape)
+    ones[:, 0] = 0
+    assert held_kl(model, start, rows, 2, ones) == pytest.approx(held_kl(model, start, rows, 2), rel=1e-5)
+    half = ones.clone()
+    half[:, : rows.shape[1] // 2] = 0  # only the second half of each row is scored
+    assert held_kl(model, start, rows, 2, half) != pytest.approx(held_kl(model, start, rows, 2), rel=1e-3)
+    assert held_kl(model, start, rows, 2, half, kv8=False) != held_kl(model, start, rows, 2, half)
+    spec, log = train_end_to_end(float_model(), [], start, steps=4, batch=2, lr=1e-2, state=tmp_path,
+                                 rows=(rows, half), kv8=False)
+    settings = json.loads((tmp_path / "log.json").read_text())["settings"]
+    assert settings["kv8"] is False and settings["weighted_rows"] == list(rows.shape)
+    held = torch.arange(len(rows)) % HELD_OUT == HELD_OUT - 1
+    assert log["held_kl_start"] == pytest.approx(held_kl(float_model(), start, rows[held], 2, half[held], kv8=False),
+                                                 rel=1e-5)
+    with pytest.raises(ValueError, match="other settings"):  # the same run with int8 values does not resume it
+        train_end_to_end(float_model(), [], start, steps=4, batch=2, lr=1e-2, state=tmp_path, rows=(rows, half))
