@@ -104,7 +104,8 @@ def train_end_to_end(model: nn.Module, batches: list[torch.Tensor], spec: FptSpe
     if texts != "shipped":  # the settings of runs on the shipped texts alone stay as they were (they resume)
         settings["texts"] = texts
     if rows is not None:  # likewise: added only where they differ from the runs before them
-        settings["weighted_rows"] = list(rows[0].shape)
+        digest = hashlib.sha256(rows[0].numpy().tobytes() + rows[1].float().numpy().tobytes())
+        settings["weighted_rows"] = digest.hexdigest()  # a rerun on other rows or weights is refused
     if not kv8:
         settings["kv8"] = False
     start_spec, done, losses, seconds = copy.deepcopy(spec), 0, [], 0.0

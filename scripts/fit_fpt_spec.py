@@ -12,9 +12,10 @@ and runs GPTQ (core.loading.shipped_fpt_spec; the spec is used only for base wei
 (models/fpt_training.py); it saves after every layer into --out and a rerun continues there. `--end-to-end`
 then trains all layers' scales together against the float model's outputs (models/fpt_end_to_end.py);
 `--extra-texts N` adds GSM8K and MATH train texts to its rows (the shipped texts alone overfit it on the 1.5B).
-`--on-held-text` trains it on `bench.fpt_ablation`'s held text itself instead, scored as the ablation scores it (the
-replies' tokens only, each held row whole in one row of --length, values in bf16): a measured bound on what these
-scales can reach there (never shipped; --out must lie outside resources/).
+`--on-held-text` trains it on `bench.fpt_ablation`'s held text itself instead, scored on the positions the ablation
+scores (the replies' tokens; each held row whole in one row of --length; values unrounded, as a bf16 cache keeps
+them; the LM head stays float, as in every run of this stage, and one row in eight is held out): a measured bound on
+what these scales can reach there (never shipped; --out must lie outside resources/).
 """
 from __future__ import annotations
 
@@ -56,7 +57,8 @@ def main(argv=None) -> int:
                         "identity (none), or a folder holding a spec, e.g. a shorter run's, to train further")
     p.add_argument("--steps", type=int, default=60, help="--train: Adam steps per layer")
     p.add_argument("--lr", type=float, default=5e-3)
-    p.add_argument("--length", type=int, default=256, help="--train: tokens per training row")
+    p.add_argument("--length", type=int, default=256,
+                   help="tokens per training row (--on-held-text: at least the longest held row's, 547 on Qwen2.5)")
     p.add_argument("--out", type=Path, default=None,
                    help="folder for the spec (default: resources/fpt/<model>; required with --train: a trained spec "
                         "is shipped by copying its fpt.safetensors and provenance.json there once it measures better)")
@@ -65,7 +67,8 @@ def main(argv=None) -> int:
         p.error("--train and --end-to-end need --out DIR and group 128")
     if args.train and args.end_to_end:
         p.error("--train and --end-to-end are separate runs: train layer by layer first, then --start its --out")
-    if args.on_held_text and (not args.end_to_end or args.extra_texts or resource_dir() in args.out.resolve().parents):
+    if args.on_held_text and (not args.end_to_end or args.extra_texts
+                              or args.out.resolve().is_relative_to(resource_dir())):
         p.error("--on-held-text is an --end-to-end bound on the held text alone, saved outside resources/")
     installed = ModelStore().get(args.model)
     base = source_sha256(installed)
@@ -100,13 +103,15 @@ def main(argv=None) -> int:
         extra, texts = extra_batches(installed.hf_dir, args.extra_texts)
         rows = None
         if args.on_held_text:
-            rows, texts = held_text_rows(installed.hf_dir, args.length, model.config.eos_token_id), HELD_TEXT
+            eos = model.config.eos_token_id
+            rows, texts = held_text_rows(installed.hf_dir, args.length, eos if isinstance(eos, int) else 0), HELD_TEXT
         spec, log = train_end_to_end(model, batches + extra, init, length=args.length, steps=args.steps,
                                      batch=args.batch, lr=args.lr, state=folder / "end_to_end",
                                      report=lambda r: print(json.dumps(r), flush=True), texts=texts, rows=rows,
                                      kv8=not args.on_held_text)
+        values = "unrounded values, the replies' positions only" if args.on_held_text else "int8 values"
         method = (f"trained end to end from the {args.start} spec (models/fpt_end_to_end.py): KL of the quantized "
-                  "model (int4 weights, int8 values) to the float model, straight-through rounding")
+                  f"model (int4 weights, {values}) to the float model, straight-through rounding")
         extra = {"start": args.start, "steps": args.steps, "batch_rows": args.batch, "lr": args.lr, "texts": texts,
                  "row_tokens": args.length, "kept": log["kept"], "held_kl": [round(log["held_kl_start"], 6),
                                                                              round(log["held_kl_trained"], 6)],

@@ -67,6 +67,7 @@ def test_the_held_text_bound_is_refused_where_it_could_be_shipped(tmp_path, caps
     base = ["--model", "any", "--on-held-text", "--start", str(tmp_path)]
     for extra in (["--train", "--out", str(tmp_path)],  # not the layer-by-layer stage
                   ["--end-to-end", "--out", str(resource_dir() / "fpt" / "any")],  # never into resources/
+                  ["--end-to-end", "--out", str(resource_dir())],  # nor resources/ itself
                   ["--end-to-end", "--out", str(tmp_path), "--extra-texts", "4"]):  # the held text alone
         with pytest.raises(SystemExit) as stop:
             main(base + extra)
@@ -90,9 +91,30 @@ def test_weighted_rows_score_only_their_positions_and_float_values_are_a_setting
     spec, log = train_end_to_end(float_model(), [], start, steps=4, batch=2, lr=1e-2, state=tmp_path,
                                  rows=(rows, half), kv8=False)
     settings = json.loads((tmp_path / "log.json").read_text())["settings"]
-    assert settings["kv8"] is False and settings["weighted_rows"] == list(rows.shape)
+    assert settings["kv8"] is False and len(settings["weighted_rows"]) == 64  # the rows' and weights' sha256
     held = torch.arange(len(rows)) % HELD_OUT == HELD_OUT - 1
     assert log["held_kl_start"] == pytest.approx(held_kl(float_model(), start, rows[held], 2, half[held], kv8=False),
                                                  rel=1e-5)
     with pytest.raises(ValueError, match="other settings"):  # the same run with int8 values does not resume it
         train_end_to_end(float_model(), [], start, steps=4, batch=2, lr=1e-2, state=tmp_path, rows=(rows, half))
+
+
+def test_held_text_rows_weigh_exactly_the_positions_the_ablation_scores(monkeypatch):
+    """Whole held rows packed into rows of `length` (longest first, first row with room, end-of-text padding);
+    weight 1 exactly at the positions predicting a reply's tokens (start .. len - 2 of each held row)."""
+    import bench.quant
+    import core.loading
+    from scripts.fit_fpt_spec import held_text_rows
+
+    held = [(list(range(30, 36)), 1), (list(range(10, 20)), 3), (list(range(50, 58)), 4)]
+    monkeypatch.setattr(bench.quant, "held_rows", lambda tokenizer: held)
+    monkeypatch.setattr(core.loading, "load_tokenizer", lambda hf_dir: None)
+    rows, weights = held_text_rows(None, 16, eos=99)
+    assert rows.tolist() == [list(range(10, 20)) + list(range(30, 36)), list(range(50, 58)) + [99] * 8]
+    expected = torch.zeros(2, 16)
+    expected[0, 3:9] = 1  # the 10-token row from 0: start 3, positions 3..8
+    expected[0, 11:15] = 1  # the 6-token row from 10: start 1, positions 11..14
+    expected[1, 4:7] = 1  # the 8-token row: start 4, positions 4..6
+    assert torch.equal(weights, expected) and weights.sum() == sum(len(ids) - 1 - start for ids, start in held)
+    with pytest.raises(SystemExit, match="--length"):
+        held_text_rows(None, 9, eos=99)
