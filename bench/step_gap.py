@@ -1,11 +1,12 @@
 """What a decode step spends beside its int4 products: the real step against the same matrices back to back.
 
 Loads the default engine (as `bench.step_profile` does) and times, median of 48 after 6 warm-ups, each in three
-rounds: one greedy step of `core.decode.fused` (`step`), the step's 97 int4 products alone on its own packed
-weights in call order with random bf16 inputs (`int4 back to back`), and the same with one or eight
-`torch.rms_norm` calls on 896 values after each product (`+1 op`, `+8 ops`): the cost of a small torch op between
-products, including what it does to the next product. Step minus back to back is the time a step loses outside
-the int4 kernel (Python, dispatch, the small ops). Print only; for an AVX2 laptop emulated:
+rounds: one greedy step of `core.decode.fused` (`step`, its layers in one C call where that runs; `python layers`:
+the same step with the layers driven from Python, as before core/decode/_layer_step.c), the step's 97 int4
+products alone on its own packed weights in call order with random bf16 inputs (`int4 back to back`), and the
+same with one or eight `torch.rms_norm` calls on 896 values after each product (`+1 op`, `+8 ops`): the cost of
+a small torch op between products, including what it does to the next product. Step minus back to back is the
+time a step loses outside the int4 kernel (Python, dispatch, the small ops). Print only; for an AVX2 laptop emulated:
 `ATEN_CPU_CAPABILITY=avx2 python -m bench.step_gap > bench/results/step_gap_<cpu>.txt`.
 """
 from __future__ import annotations
@@ -59,7 +60,15 @@ def main(model_id: str = "qwen2.5-coder-0.5b-instruct") -> int:
                     torch.rms_norm(small, (hidden,), weight, 1e-6)
         return run
 
-    def step_ms() -> float:
+    def step_ms(layers_in_c: bool = True) -> float:
+        plan = fused.plan
+        fused.plan = plan if layers_in_c else None
+        try:
+            return _step_ms()
+        finally:
+            fused.plan = plan
+
+    def _step_ms() -> float:
         with torch.inference_mode():
             cache = new_cache(model.config, kv)
             model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
@@ -75,7 +84,8 @@ def main(model_id: str = "qwen2.5-coder-0.5b-instruct") -> int:
     norm_us = median_ms(lambda: [torch.rms_norm(small, (hidden,), weight, 1e-6) for _ in range(100)]) * 10
     print(f"one torch.rms_norm on {hidden} values alone: {norm_us:.1f} us")
     for r in range(3):
-        print(f"round {r}: step {step_ms():.2f} | int4 back to back {median_ms(products(0)):.2f} | +1 op between "
+        print(f"round {r}: step {step_ms():.2f} (layers in one C call: {fused.plan is not None}) | python layers "
+              f"{step_ms(False):.2f} | int4 back to back {median_ms(products(0)):.2f} | +1 op between "
               f"{median_ms(products(1)):.2f} | +8 ops {median_ms(products(8)):.2f}", flush=True)
     return 0
 

@@ -42,6 +42,7 @@
 #include <Python.h>
 
 #include "_int4.h"
+#include "_int4_api.h"
 
 // Up to 4 rows per pass over a block: 4 rows x 4 output quarters accumulators.
 KERNEL_TARGET static inline __attribute__((always_inline)) void block_rows(const uint8_t* blk, const uint32_t* scales32,
@@ -743,6 +744,17 @@ static int cpu_features(void) {  // bit i: ISA i runs on this CPU
             __builtin_cpu_supports("avxvnni") != 0) << ISA_P32VNNI;
 }
 
+// NULL when mm can run this shape with instruction set `isa` on this CPU, else the reason.
+static const char* check_mm(long M, long N, long K, long group, long isa) {
+    if (isa < 0 || isa > ISA_LAST || !(cpu_features() >> isa & 1)) return "int4 mm: this CPU lacks that instruction set";
+    const int p32 = isa == ISA_P32I16 || isa == ISA_P32VNNI;  // blocks of 32 outputs, 8 inputs a step
+    if (M < 1 || M > MAX_ROWS || N < 32 || N % (p32 ? 32 : 64) || group < 4 || group % (p32 ? 8 : 4) || K < group ||
+        K % group || ((isa == ISA_VNNI || isa == ISA_AVXVNNI || isa == ISA_AVX2I16 || p32) && group > MAX_VNNI_GROUP) ||
+        (isa == ISA_AVX2A8 && group % 32))
+        return "int4 mm: shape outside the kernel's range";
+    return NULL;
+}
+
 // mm(packed, scales, x, y, M, N, K, group, isa): addresses as ints, arrays contiguous; y bf16 [M, N] is written.
 static PyObject* py_mm(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
     (void)self;
@@ -751,15 +763,9 @@ static PyObject* py_mm(PyObject* self, PyObject* const* args, Py_ssize_t nargs) 
     if (read_args(args, nargs, 9, ptr, 4, dims, 5, "mm takes packed, scales, x, y, M, N, K, group, isa") < 0)
         return NULL;
     const long M = dims[0], N = dims[1], K = dims[2], group = dims[3], isa = dims[4];
-    if (isa < 0 || isa > ISA_LAST || !(cpu_features() >> isa & 1)) {
-        PyErr_SetString(PyExc_ValueError, "int4 mm: this CPU lacks that instruction set");
-        return NULL;
-    }
-    const int p32 = isa == ISA_P32I16 || isa == ISA_P32VNNI;  // blocks of 32 outputs, 8 inputs a step
-    if (M < 1 || M > MAX_ROWS || N < 32 || N % (p32 ? 32 : 64) || group < 4 || group % (p32 ? 8 : 4) || K < group ||
-        K % group || ((isa == ISA_VNNI || isa == ISA_AVXVNNI || isa == ISA_AVX2I16 || p32) && group > MAX_VNNI_GROUP) ||
-        (isa == ISA_AVX2A8 && group % 32)) {
-        PyErr_SetString(PyExc_ValueError, "int4 mm: shape outside the kernel's range");
+    const char* why = check_mm(M, N, K, group, isa);
+    if (why != NULL) {
+        PyErr_SetString(PyExc_ValueError, why);
         return NULL;
     }
     int rc;
@@ -854,6 +860,8 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static const Int4Api api = {MAX_ROWS, check_mm, int4_mm};
+
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_int4", "Ponder's int4 decode matmul", -1, methods};
 
 PyMODINIT_FUNC PyInit__int4(void) {
@@ -871,6 +879,12 @@ PyMODINIT_FUNC PyInit__int4(void) {
         PyModule_AddIntConstant(m, "ISA_P32I16", ISA_P32I16);
         PyModule_AddIntConstant(m, "ISA_P32VNNI", ISA_P32VNNI);
         PyModule_AddIntConstant(m, "MAX_VNNI_GROUP", MAX_VNNI_GROUP);
+        PyObject* capsule = PyCapsule_New((void*)&api, INT4_API_CAPSULE, NULL);
+        if (capsule == NULL || PyModule_AddObject(m, "mm_api", capsule) < 0) {
+            Py_XDECREF(capsule);
+            Py_DECREF(m);
+            return NULL;
+        }
     }
     return m;
 }

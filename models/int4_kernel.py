@@ -156,6 +156,21 @@ def int4_mm(x: torch.Tensor, data: torch.Tensor, group_size: int, scales: torch.
     return torch._weight_int4pack_mm_for_cpu(x, data, group_size, scales)
 
 
+def decode_isa(data: torch.Tensor, group_size: int, scales: torch.Tensor) -> int | None:
+    """The instruction set Ponder's kernel computes decode rows (1..MAX_ROWS) of this matrix with, as `int4_mm`
+    would; None where `int4_mm` would call torch's kernel for them."""
+    if not (data.is_contiguous() and scales.is_contiguous() and scales.dtype == torch.bfloat16):
+        return None
+    if data.dtype == torch.int8:
+        return P32_ISA if P32 else None
+    return ISA if runs_rows(1, data.shape[0], group_size) and MAX_ROWS <= CHUNKED_ROWS else None
+
+
+def mm_api():
+    """The capsule through which other C extensions call this kernel (models/_int4_api.h), or None."""
+    return getattr(_int4, "mm_api", None) if ENABLED else None
+
+
 def _rows(x: torch.Tensor, data: torch.Tensor, group_size: int, scales: torch.Tensor, isa: int) -> torch.Tensor:
     """Ponder's kernel over x's rows, MAX_ROWS at a time (each row computes the same either way)."""
     rows, n = x.shape[0], data.shape[0]

@@ -24,23 +24,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_DIM 256
-#define MAX_GROUP 16
+#include "_decode_ops.h"
+
 #define CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-
-static inline float bf2f(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static inline uint16_t f2bf(float f) {  // round to nearest even, as c10::BFloat16 (branch-free: loops vectorize)
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    const uint32_t rounded_bits = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, quiet_nan = (u >> 16) | 0x40u;
-    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded_bits);
-}
 
 static inline float rounded(float f) { return bf2f(f2bf(f)); }
 
@@ -227,24 +213,15 @@ AVX512 static void attend_head_avx512_128(const float* q, int groups, int tokens
     attend_head_avx512(q, groups, 8, tokens, kq, ks, vq, vs, scaling, scores, out);
 }
 
-static int has_avx512 = -1;  // -1 until the first call asks the CPU
+int has_avx512 = -1;  // -1 until the first call asks the CPU
 
-static void detect_avx512(void) {
+void detect_avx512(void) {
     if (has_avx512 < 0) {
         __builtin_cpu_init();
         has_avx512 = __builtin_cpu_supports("avx512f") ? 1 : 0;
     }
 }
 
-typedef struct {
-    const uint16_t *q, *k, *v, *cos, *sin;
-    long q_stride, k_stride, v_stride, cs_stride;
-    int8_t* cache_q;
-    uint16_t* cache_s;
-    uint16_t* out;
-    int rows, heads, kv_heads, dim, cap, pos;
-    float scaling;
-} Step;
 
 static int step_head(const Step* st, int b, int h, float* scores) {
     const int groups = st->heads / st->kv_heads, dim = st->dim, tokens = st->pos + 1;
@@ -273,7 +250,7 @@ static int step_head(const Step* st, int b, int h, float* scores) {
     return 0;
 }
 
-static int run_step(const Step* st) {
+int run_step(const Step* st) {
     const int tasks = st->rows * st->kv_heads, groups = st->heads / st->kv_heads;
     const size_t scratch = (size_t)groups * (st->pos + 1);
     int failed = 0;
@@ -292,7 +269,7 @@ static int run_step(const Step* st) {
 }
 
 // Reads nptr addresses, then ndims integers, from a fastcall argument vector of exactly `want` arguments.
-static int read_args(PyObject* const* args, Py_ssize_t nargs, Py_ssize_t want, void** ptr, int nptr, long* dims,
+int read_args(PyObject* const* args, Py_ssize_t nargs, Py_ssize_t want, void** ptr, int nptr, long* dims,
                      int ndims, const char* usage) {
     if (nargs != want) {
         PyErr_SetString(PyExc_TypeError, usage);
@@ -335,7 +312,7 @@ static PyObject* py_attend(PyObject* self, PyObject* const* args, Py_ssize_t nar
     Py_RETURN_NONE;
 }
 
-CLONES static void rms_rows(const uint16_t* x, long x_stride, const uint16_t* w, uint16_t* y, int rows, int n, float eps) {
+CLONES void rms_rows(const uint16_t* x, long x_stride, const uint16_t* w, uint16_t* y, int rows, int n, float eps) {
     for (int r = 0; r < rows; r++) {
         const uint16_t* xr = x + (size_t)r * x_stride;
         float sum = 0.0f;
@@ -347,7 +324,7 @@ CLONES static void rms_rows(const uint16_t* x, long x_stride, const uint16_t* w,
     }
 }
 
-CLONES static void silu_mul_rows(const uint16_t* g, long g_stride, const uint16_t* u, long u_stride, uint16_t* y,
+CLONES void silu_mul_rows(const uint16_t* g, long g_stride, const uint16_t* u, long u_stride, uint16_t* y,
                                  int rows, int n) {
     // chunks of 256 elements of any row, on torch's OpenMP threads when there is enough work (a step of several
     // rows: 4 × 4864 took 68 µs on one thread); each element is computed the same either way
@@ -492,6 +469,10 @@ static PyMethodDef methods[] = {
      "several attend calls (one per request of a joint step) in one parallel region"},
     {"rms_norm", (PyCFunction)(void (*)(void))py_rms_norm, METH_FASTCALL, "Qwen2 RMSNorm of bf16 rows"},
     {"silu_mul", (PyCFunction)(void (*)(void))py_silu_mul, METH_FASTCALL, "silu(g) * u of bf16 rows"},
+    {"layers_plan", (PyCFunction)(void (*)(void))py_layers_plan, METH_FASTCALL,
+     "the weights of a packed-int4 Qwen2 model's decoder layers, for layers_step (_layer_step.c)"},
+    {"layers_step", (PyCFunction)(void (*)(void))py_layers_step, METH_FASTCALL,
+     "every decoder layer of one decode step, in one call"},
     {NULL, NULL, 0, NULL},
 };
 

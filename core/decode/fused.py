@@ -21,8 +21,8 @@ import torch
 from torch.nn import functional as F
 
 from core.decode.cache import Int8KVLayer
-from core.decode.ops import decode_step, decode_steps, rms_norm, silu_mul
-from models.int4_kernel import int4_mm
+from core.decode.ops import decode_step, decode_steps, layers_plan, layers_step, rms_norm, silu_mul
+from models.int4_kernel import decode_isa, int4_mm
 
 _LAYER_PARTS = (("qkv", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
                 ("o", ("self_attn.o_proj",)), ("gate_up", ("mlp.gate_proj", "mlp.up_proj")),
@@ -146,6 +146,27 @@ class FusedDecoder:
         self.inv_freq = inner.rotary_emb.inv_freq.float()
         self.rope_scale = float(getattr(inner.rotary_emb, "attention_scaling", 1.0))
         self.model = model
+        self.plan = self._plan()
+
+    def _plan(self):
+        """The C step's plan of the decoder layers (core.decode.ops.layers_plan), or None where it cannot run."""
+        spec = [len(self.layers), self.embed.shape[1], self.heads, self.kv_heads, self.head_dim, self.intermediate]
+        for parts in self.layers:
+            norms = (parts["norm_in"], parts["norm_post"])
+            if not all(w.dtype == torch.bfloat16 and w.is_contiguous() for w in norms):
+                return None
+            spec += [w.data_ptr() for w in norms]
+            for name, _ in _LAYER_PARTS:
+                part = parts[name]
+                isa = decode_isa(part.data, part.group_size, part.scales)
+                bias = part.bias
+                if isa is None or (bias is not None and bias.dtype != torch.bfloat16):
+                    return None
+                spec += [part.data.data_ptr(), part.scales.data_ptr(), 0 if bias is None else bias.data_ptr(),
+                         part.data.shape[0], part.data.shape[1] * 2, part.group_size, isa]
+        if self.embed.dtype != torch.bfloat16:
+            return None
+        return layers_plan(spec, self.eps, self.head_dim ** -0.5)
 
     def with_adapter(self, name: str) -> _AdapterStep | None:
         """The step with peft adapter `name` on, or None when a layer runs it in a way this step does not."""
@@ -212,6 +233,9 @@ class FusedDecoder:
             start += tokens.shape[0]
         rotary = [self._rotary(cache.layers[0].length) for _, cache, _ in items]
         h = self.embed[torch.cat([tokens for tokens, _, _ in items]) if len(items) > 1 else items[0][0]]
+        if len(items) == 1 and items[0][2] is None and self.plan is not None:  # one C call for the layers
+            if layers_step(self.plan, h, items[0][1].layers, *rotary[0]):
+                return self._logits(h, bounds)
         for i, parts in enumerate(self.layers):
             adapters = [lora[i] if lora is not None else {} for _, _, lora in items]
             qkv = parts["qkv"].grouped(self._rms(h, parts["norm_in"]), bounds, [a.get("qkv") for a in adapters])
@@ -227,6 +251,9 @@ class FusedDecoder:
                                                [a.get("gate_up") for a in adapters])
             act = silu_mul(gate_up[:, : self.intermediate], gate_up[:, self.intermediate:])
             h = h + parts["down"].grouped(act, bounds, [a.get("down") for a in adapters])
+        return self._logits(h, bounds)
+
+    def _logits(self, h: torch.Tensor, bounds: list[tuple[int, int]]) -> list[torch.Tensor]:
         # the final norm as transformers' Qwen2RMSNorm computes it: the module path runs that module itself
         logits = self.head(self.norm * F.rms_norm(h.float(), (h.shape[-1],), eps=self.eps).to(h.dtype))
         return [logits[lo:hi] for lo, hi in bounds]

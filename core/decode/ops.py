@@ -6,6 +6,8 @@ head) in one pass over the int8 rows, without the dequantized float copy of the 
 every step (3 ms of a 15 ms 0.5B step at short context; at 2k tokens 0.16 ms a layer against 0.35).
 `rms_norm` and `silu_mul` replace five and three torch ops (with their casts). `core/decode/_decode_ops.c` holds the
 kernels; where it was not built, or `PONDER_DECODE_OPS=torch` is set, the same computations run as torch ops.
+`layers_plan` / `layers_step` run every decoder layer of a fused step in one call (`core/decode/_layer_step.c`: the
+same kernels and models._int4's matmul, no Python between them).
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import torch
 from torch.nn import functional as F
 
 from core.decode.cache import Int8KVLayer
+from models import int4_kernel
 
 try:
     from core.decode import _decode_ops
@@ -111,6 +114,36 @@ def decode_steps(layers: list[Int8KVLayer], qkv: torch.Tensor, bounds: list[tupl
     for layer in layers:
         layer.length += 1
     return out
+
+
+def layers_plan(spec: list[int], eps: float, scaling: float):
+    """The C step's plan of a model's decoder layers (spec: `core/decode/_layer_step.c`), or None where that step
+    cannot run here (the kernels not built or turned off). Raises ValueError for a spec outside its range."""
+    api = int4_kernel.mm_api()
+    if not ENABLED or api is None or not hasattr(_decode_ops, "layers_plan"):
+        return None
+    return _decode_ops.layers_plan(api, spec, float(eps), float(scaling))
+
+
+def layers_step(plan, h: torch.Tensor, layers: list, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+    """Every decoder layer of one step over h (rows, hidden) bf16, in place, appending the token to each int8 cache
+    layer; False (nothing done) where the C step cannot read these tensors."""
+    rows, pos = h.shape[0], layers[0].length
+    if not (h.dtype == torch.bfloat16 and h.is_contiguous() and cos.dtype == sin.dtype == torch.bfloat16
+            and cos.is_contiguous() and sin.is_contiguous()
+            and all(type(layer) is Int8KVLayer and layer.length == pos and layer.q.shape[1] == rows
+                    for layer in layers)):
+        return False
+    addresses = []
+    for layer in layers:
+        layer._ensure_capacity(pos + 1)
+        if not (layer.q.is_contiguous() and layer.s.is_contiguous()):
+            return False
+        addresses += (layer.q.data_ptr(), layer.s.data_ptr(), layer.q.shape[-2])
+    _decode_ops.layers_step(plan, h.data_ptr(), rows, addresses, pos, cos.data_ptr(), sin.data_ptr())
+    for layer in layers:
+        layer.length += 1
+    return True
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -1,11 +1,16 @@
 """The fused decode step computes what the module path computes, bit for bit, and the engine uses it only
 where it applies."""
 import copy
+import os
+import subprocess
+import sys
 
+import pytest
 import torch
 
 from core.adapters import lora as adapters
 from core.config import SamplingConfig
+from core.decode import ops
 from core.decode.cache import new_cache
 from core.decode.fused import FusedDecoder
 from core.engine import Engine, collect
@@ -45,6 +50,67 @@ def test_fused_steps_equal_the_module_path_and_write_the_same_cache():
         assert mine.length == theirs.length == 81
         assert torch.equal(mine.q[..., :81, :], theirs.q[..., :81, :])
         assert torch.equal(mine.s[..., :81, :], theirs.s[..., :81, :])
+
+
+def test_the_layers_in_one_c_call_equal_the_python_driven_layers():
+    """core/decode/_layer_step.c runs every layer of a step in one call: the same logits and the same cache bytes as
+    the layers driven op by op from Python, for one row, a few and more rows than one int4 call takes (17), with the
+    buffers growing on the way. The AVX2 child process below runs it on Ponder's AVX2 layout."""
+    engine = w4_engine()
+    fused = engine.fused
+    if fused.plan is None:
+        pytest.skip("needs the built decode ops and int4 kernel (the C step's plan)")
+    for rows in (1, 3, 17):
+        cache, _ = prefilled(engine.model, rows=rows)
+        for layer in cache.layers:  # room for one more token: the buffers grow (move) on the second step
+            layer.q, layer.s = layer.q[..., :12, :].clone(), layer.s[..., :12, :].clone()
+        other = copy.deepcopy(cache)
+        tokens = (torch.arange(rows) * 37 + 5) % 400
+        for _ in range(60):
+            ours = fused.step(tokens, cache)
+            plan, fused.plan = fused.plan, None
+            try:
+                theirs = fused.step(tokens, other)
+            finally:
+                fused.plan = plan
+            assert torch.equal(ours, theirs)
+            tokens = ours.float().argmax(-1)
+        for mine, reference in zip(cache.layers, other.layers, strict=True):
+            end = reference.length
+            assert mine.length == end == 71 and mine.q.shape[-2] > 12
+            assert torch.equal(mine.q[..., :end, :], reference.q[..., :end, :])
+            assert torch.equal(mine.s[..., :end, :], reference.s[..., :end, :])
+
+
+def test_the_c_step_declines_what_it_cannot_read():
+    """Layers at different lengths go back to the Python-driven step (same result); a plan of the wrong shape is a
+    ValueError, not a crash."""
+    engine = w4_engine()
+    fused = engine.fused
+    if fused.plan is None:
+        pytest.skip("needs the built decode ops and int4 kernel (the C step's plan)")
+    cache, _ = prefilled(engine.model)
+    cache.layers[1].length -= 1
+    h = fused.embed[torch.tensor([5])]
+    cos, sin = fused._rotary(cache.layers[0].length)
+    assert not ops.layers_step(fused.plan, h, cache.layers, cos, sin)
+    assert [layer.length for layer in cache.layers[:2]] == [11, 10]
+    with pytest.raises(ValueError):
+        ops.layers_plan([1, 256, 4, 2, 64, 512] + [0] * 30, 1e-6, 0.125)
+    with pytest.raises(ValueError):
+        ops.layers_plan([2, 256, 4, 2, 64, 512], 1e-6, 0.125)
+
+
+def test_the_c_step_runs_on_the_avx2_layout():
+    """The comparison above in a process with torch's AVX2 packing (an AVX2 laptop: p32 weights, AVX2 kernels)."""
+    from models import int4_kernel
+
+    if int4_kernel._int4 is None or not int4_kernel._int4.features() >> int4_kernel._int4.ISA_P32I16 & 1:
+        pytest.skip("needs the built kernel and an AVX2 CPU")
+    env = dict(os.environ, ATEN_CPU_CAPABILITY="avx2")
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
+                          "layers_in_one_c_call"], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and "1 passed" in run.stdout, run.stdout[-3000:]
 
 
 def test_fused_step_grows_the_int8_buffers_in_place():
