@@ -10,6 +10,8 @@ dot-product rate (`bench.kernels`), so `t_4 / t_1` is what the 4-client target o
 `python -m bench.joint_bound [--model ID] [--rounds 7]`: the real model at its default precision, each request
 holding a short prompt in its own int8 cache (as the server's do), the step sizes taking turns for `--rounds`
 rounds (a 2-core host's speed drifts); medians. Prints JSON; `bench.server` runs it before its levels.
+One request's step runs its layers in one C call (core/decode/_layer_step.c) and a joint step drives them from
+Python, so `t_1` is the faster implementation's: the bound is the joint step's as the engine runs it.
 """
 from __future__ import annotations
 

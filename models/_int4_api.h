@@ -4,7 +4,7 @@
 #define PONDER_INT4_API_H
 #include <stdint.h>
 
-#define INT4_API_CAPSULE "models._int4.mm_api"
+#define INT4_API_CAPSULE "models._int4.mm_api.v1"  // a new name whenever Int4Api changes
 
 typedef struct {
     int max_rows;  // rows a call takes (MAX_ROWS)

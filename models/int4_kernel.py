@@ -157,13 +157,13 @@ def int4_mm(x: torch.Tensor, data: torch.Tensor, group_size: int, scales: torch.
 
 
 def decode_isa(data: torch.Tensor, group_size: int, scales: torch.Tensor) -> int | None:
-    """The instruction set Ponder's kernel computes decode rows (1..MAX_ROWS) of this matrix with, as `int4_mm`
-    would; None where `int4_mm` would call torch's kernel for them."""
+    """The instruction set Ponder's kernel computes decode rows of this matrix with, as `int4_mm` would (any number
+    of rows in p32, up to CHUNKED_ROWS in torch's layout); None where `int4_mm` would call torch's kernel."""
     if not (data.is_contiguous() and scales.is_contiguous() and scales.dtype == torch.bfloat16):
         return None
     if data.dtype == torch.int8:
         return P32_ISA if P32 else None
-    return ISA if runs_rows(1, data.shape[0], group_size) and MAX_ROWS <= CHUNKED_ROWS else None
+    return ISA if runs_rows(1, data.shape[0], group_size) else None
 
 
 def mm_api():

@@ -36,6 +36,8 @@ typedef struct {
     float scaling;
 } Step;
 
+// Shared between this extension's sources only: hidden, so that no other library's symbols of these names can bind.
+#pragma GCC visibility push(hidden)
 extern int has_avx512;
 void detect_avx512(void);
 int run_step(const Step* st);  // nonzero when out of memory
@@ -46,4 +48,5 @@ int read_args(PyObject* const* args, Py_ssize_t nargs, Py_ssize_t want, void** p
 
 PyObject* py_layers_plan(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 PyObject* py_layers_step(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
+#pragma GCC visibility pop
 #endif

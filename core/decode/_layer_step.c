@@ -21,6 +21,7 @@
 #define PER_MAT 7
 #define PER_LAYER (2 + 4 * PER_MAT)
 #define PLAN_CAPSULE "core.decode._decode_ops.layers_plan"
+#define MAX_SIZE (1 << 20)  // hidden, intermediate and head sizes: far beyond any model, and no int overflow below
 
 typedef struct {
     const uint8_t* data;
@@ -91,18 +92,21 @@ PyObject* py_layers_plan(PyObject* self, PyObject* const* args, Py_ssize_t nargs
     }
     const Int4Api* api = PyCapsule_GetPointer(args[0], INT4_API_CAPSULE);
     PyObject* spec = args[1];
-    const double eps = PyFloat_AsDouble(args[2]), scaling = PyFloat_AsDouble(args[3]);
+    const double eps = PyFloat_AsDouble(args[2]);
+    if (PyErr_Occurred()) return NULL;
+    const double scaling = PyFloat_AsDouble(args[3]);
     if (PyErr_Occurred()) return NULL;
     const Py_ssize_t size = PyList_GET_SIZE(spec);
-    long head[SPEC_HEAD];
+    long head[SPEC_HEAD] = {0};
     for (int i = 0; i < SPEC_HEAD && i < size; i++) {
         head[i] = PyLong_AsLong(PyList_GET_ITEM(spec, i));
         if (head[i] == -1 && PyErr_Occurred()) return NULL;
     }
     const long layers = size >= SPEC_HEAD ? head[0] : -1, hidden = head[1], heads = head[2], kv = head[3],
                dim = head[4], inter = head[5];
-    if (layers < 1 || size != SPEC_HEAD + layers * PER_LAYER || hidden < 1 || kv < 1 || heads % kv ||
-        heads / kv > MAX_GROUP || dim < 2 || dim % 2 || dim > MAX_DIM || inter < 1) {
+    if (layers < 1 || layers > (size - SPEC_HEAD) / PER_LAYER || size != SPEC_HEAD + layers * PER_LAYER ||
+        hidden < 1 || hidden > MAX_SIZE || kv < 1 || heads < kv || heads % kv || heads / kv > MAX_GROUP || dim < 2 ||
+        dim % 2 || dim > MAX_DIM || inter < 1 || inter > MAX_SIZE || heads * dim > MAX_SIZE) {
         PyErr_SetString(PyExc_ValueError, "layers_plan: model shape outside the step's range");
         return NULL;
     }
@@ -113,7 +117,7 @@ PyObject* py_layers_plan(PyObject* self, PyObject* const* args, Py_ssize_t nargs
         const Py_ssize_t at = SPEC_HEAD + l * PER_LAYER;
         Layer* L = &p->layer[l];
         L->norm_in = PyLong_AsVoidPtr(PyList_GET_ITEM(spec, at));
-        L->norm_post = PyLong_AsVoidPtr(PyList_GET_ITEM(spec, at + 1));
+        L->norm_post = PyErr_Occurred() ? NULL : PyLong_AsVoidPtr(PyList_GET_ITEM(spec, at + 1));
         const char* why = PyErr_Occurred() ? "" : (L->norm_in == NULL || L->norm_post == NULL)
                                                       ? "layers_plan: a norm weight is missing" : NULL;
         if (why == NULL) why = read_mat(api, spec, at + 2, &L->qkv, (heads + 2 * kv) * dim, hidden);
@@ -175,11 +179,16 @@ PyObject* py_layers_step(PyObject* self, PyObject* const* args, Py_ssize_t nargs
     }
     const Plan* p = PyCapsule_GetPointer(args[0], PLAN_CAPSULE);
     uint16_t* h = PyLong_AsVoidPtr(args[1]);
-    const long rows = PyLong_AsLong(args[2]), pos = PyLong_AsLong(args[4]);
+    if (PyErr_Occurred()) return NULL;
+    const long rows = PyLong_AsLong(args[2]);
+    if (PyErr_Occurred()) return NULL;
+    const long pos = PyLong_AsLong(args[4]);
+    if (PyErr_Occurred()) return NULL;
     const uint16_t* cos = PyLong_AsVoidPtr(args[5]);
+    if (PyErr_Occurred()) return NULL;
     const uint16_t* sin = PyLong_AsVoidPtr(args[6]);
     if (PyErr_Occurred()) return NULL;
-    if (h == NULL || cos == NULL || sin == NULL || rows < 1 || pos < 0 ||
+    if (h == NULL || cos == NULL || sin == NULL || rows < 1 || rows > MAX_SIZE || pos < 0 ||
         PyList_GET_SIZE(args[3]) != 3 * (Py_ssize_t)p->layers) {
         PyErr_SetString(PyExc_ValueError, "layers_step: bad rows, position or cache list");
         return NULL;
@@ -188,8 +197,8 @@ PyObject* py_layers_step(PyObject* self, PyObject* const* args, Py_ssize_t nargs
     if (caches == NULL) return PyErr_NoMemory();
     for (int l = 0; l < p->layers; l++) {
         caches[l].q = PyLong_AsVoidPtr(PyList_GET_ITEM(args[3], 3 * l));
-        caches[l].s = PyLong_AsVoidPtr(PyList_GET_ITEM(args[3], 3 * l + 1));
-        const long cap = PyLong_AsLong(PyList_GET_ITEM(args[3], 3 * l + 2));
+        caches[l].s = PyErr_Occurred() ? NULL : PyLong_AsVoidPtr(PyList_GET_ITEM(args[3], 3 * l + 1));
+        const long cap = PyErr_Occurred() ? -1 : PyLong_AsLong(PyList_GET_ITEM(args[3], 3 * l + 2));
         if (PyErr_Occurred() || caches[l].q == NULL || caches[l].s == NULL || pos >= cap || cap > INT32_MAX) {
             free(caches);
             if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "layers_step: a cache layer without room at pos");

@@ -23,8 +23,8 @@ import torch
 from torch.nn import functional as F
 
 from core.decode.cache import Int8KVLayer
-from core.decode.ops import decode_step, decode_steps, layers_plan, layers_step, rms_norm, silu_mul
-from models.int4_kernel import decode_isa, int4_mm
+from core.decode.ops import decode_step, decode_steps, layers_plan, layers_step, plan_fits, rms_norm, silu_mul
+from models.int4_kernel import CHUNKED_ROWS, decode_isa, int4_mm
 
 _LAYER_PARTS = (("qkv", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
                 ("o", ("self_attn.o_proj",)), ("gate_up", ("mlp.gate_proj", "mlp.up_proj")),
@@ -151,7 +151,12 @@ class FusedDecoder:
         self.plan = self._plan()
 
     def _plan(self):
-        """The C step's plan of the decoder layers (core.decode.ops.layers_plan), or None where it cannot run."""
+        """The C step's plan of the decoder layers (core.decode.ops.layers_plan), or None where it cannot run (a
+        shape outside its range, a matrix torch's kernel would compute). Sets `plan_rows`: the most rows it takes,
+        those for which every matrix runs on Ponder's kernel as `int4_mm` would run it."""
+        self.plan_rows = CHUNKED_ROWS  # torch's layout: above CHUNKED_ROWS rows int4_mm takes torch's kernel
+        if self.heads % self.kv_heads or not plan_fits(self.heads // self.kv_heads, self.head_dim):
+            return None
         spec = [len(self.layers), self.embed.shape[1], self.heads, self.kv_heads, self.head_dim, self.intermediate]
         for parts in self.layers:
             norms = (parts["norm_in"], parts["norm_post"])
@@ -168,6 +173,9 @@ class FusedDecoder:
                          part.data.shape[0], part.data.shape[1] * 2, part.group_size, isa]
         if self.embed.dtype != torch.bfloat16:
             return None
+        if all(part.data.dtype == torch.int8 for parts in self.layers for part in parts.values()
+               if isinstance(part, _Packed)):
+            self.plan_rows = None  # p32 runs on Ponder's kernel whatever the number of rows
         return layers_plan(spec, self.eps, self.head_dim ** -0.5)
 
     def with_adapter(self, name: str) -> _AdapterStep | None:
@@ -235,7 +243,8 @@ class FusedDecoder:
             start += tokens.shape[0]
         rotary = [self._rotary(cache.layers[0].length) for _, cache, _ in items]
         h = self.embed[torch.cat([tokens for tokens, _, _ in items]) if len(items) > 1 else items[0][0]]
-        if len(items) == 1 and items[0][2] is None and self.plan is not None:  # one C call for the layers
+        if (len(items) == 1 and items[0][2] is None and self.plan is not None  # one C call for the layers
+                and (self.plan_rows is None or h.shape[0] <= self.plan_rows)):
             if layers_step(self.plan, h, items[0][1].layers, *rotary[0]):
                 return self._logits(h, bounds)
         for i, parts in enumerate(self.layers):

@@ -116,6 +116,12 @@ def decode_steps(layers: list[Int8KVLayer], qkv: torch.Tensor, bounds: list[tupl
     return out
 
 
+def plan_fits(group: int, head_dim: int) -> bool:
+    """Whether the C step's attention takes this many query heads a KV head and this head size."""
+    return (_decode_ops is not None and 1 <= group <= _decode_ops.MAX_GROUP and 2 <= head_dim <= _decode_ops.MAX_DIM
+            and head_dim % 2 == 0)
+
+
 def layers_plan(spec: list[int], eps: float, scaling: float):
     """The C step's plan of a model's decoder layers (spec: `core/decode/_layer_step.c`), or None where that step
     cannot run here (the kernels not built or turned off). Raises ValueError for a spec outside its range."""
@@ -129,7 +135,7 @@ def layers_step(plan, h: torch.Tensor, layers: list, cos: torch.Tensor, sin: tor
     """Every decoder layer of one step over h (rows, hidden) bf16, in place, appending the token to each int8 cache
     layer; False (nothing done) where the C step cannot read these tensors."""
     rows, pos = h.shape[0], layers[0].length
-    if not (h.dtype == torch.bfloat16 and h.is_contiguous() and cos.dtype == sin.dtype == torch.bfloat16
+    if not (h.dim() == 2 and h.dtype == torch.bfloat16 and h.is_contiguous() and cos.dtype == sin.dtype == torch.bfloat16
             and cos.is_contiguous() and sin.is_contiguous()
             and all(type(layer) is Int8KVLayer and layer.length == pos and layer.q.shape[1] == rows
                     for layer in layers)):

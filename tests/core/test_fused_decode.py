@@ -52,15 +52,26 @@ def test_fused_steps_equal_the_module_path_and_write_the_same_cache():
         assert torch.equal(mine.s[..., :81, :], theirs.s[..., :81, :])
 
 
-def test_the_layers_in_one_c_call_equal_the_python_driven_layers():
+def test_the_layers_in_one_c_call_equal_the_python_driven_layers(monkeypatch):
     """core/decode/_layer_step.c runs every layer of a step in one call: the same logits and the same cache bytes as
     the layers driven op by op from Python, for one row, a few and more rows than one int4 call takes (17), with the
     buffers growing on the way. The AVX2 child process below runs it on Ponder's AVX2 layout."""
+    import core.decode.fused
+
     engine = w4_engine()
     fused = engine.fused
     if fused.plan is None:
         pytest.skip("needs the built decode ops and int4 kernel (the C step's plan)")
-    for rows in (1, 3, 17):
+    if os.environ.get("ATEN_CPU_CAPABILITY") == "avx2":  # the child process below: Ponder's AVX2 layout
+        assert all(part.data.dtype == torch.int8 for part in fused.parts())
+    taken = []
+
+    def counted(*args):
+        taken.append(ops.layers_step(*args))
+        return taken[-1]
+
+    monkeypatch.setattr(core.decode.fused, "layers_step", counted)
+    for rows in (1, 3, 17) if fused.plan_rows is None else (1, 3, fused.plan_rows):
         cache, _ = prefilled(engine.model, rows=rows)
         for layer in cache.layers:  # room for one more token: the buffers grow (move) on the second step
             layer.q, layer.s = layer.q[..., :12, :].clone(), layer.s[..., :12, :].clone()
@@ -80,6 +91,7 @@ def test_the_layers_in_one_c_call_equal_the_python_driven_layers():
             assert mine.length == end == 71 and mine.q.shape[-2] > 12
             assert torch.equal(mine.q[..., :end, :], reference.q[..., :end, :])
             assert torch.equal(mine.s[..., :end, :], reference.s[..., :end, :])
+    assert len(taken) == 3 * 60 and all(taken), "every step of the C side ran its layers in one C call"
 
 
 def test_the_c_step_declines_what_it_cannot_read():
