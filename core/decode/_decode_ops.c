@@ -213,7 +213,7 @@ AVX512 static void attend_head_avx512_128(const float* q, int groups, int tokens
     attend_head_avx512(q, groups, 8, tokens, kq, ks, vq, vs, scaling, scores, out);
 }
 
-int has_avx512 = -1;  // -1 until the first call asks the CPU
+static int has_avx512 = -1;  // -1 until the first call asks the CPU
 
 void detect_avx512(void) {
     if (has_avx512 < 0) {
@@ -269,7 +269,7 @@ int run_step(const Step* st) {
 }
 
 // Reads nptr addresses, then ndims integers, from a fastcall argument vector of exactly `want` arguments.
-int read_args(PyObject* const* args, Py_ssize_t nargs, Py_ssize_t want, void** ptr, int nptr, long* dims,
+static int read_args(PyObject* const* args, Py_ssize_t nargs, Py_ssize_t want, void** ptr, int nptr, long* dims,
                      int ndims, const char* usage) {
     if (nargs != want) {
         PyErr_SetString(PyExc_TypeError, usage);

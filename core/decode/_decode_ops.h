@@ -38,13 +38,10 @@ typedef struct {
 
 // Shared between this extension's sources only: hidden, so that no other library's symbols of these names can bind.
 #pragma GCC visibility push(hidden)
-extern int has_avx512;
 void detect_avx512(void);
 int run_step(const Step* st);  // nonzero when out of memory
 void rms_rows(const uint16_t* x, long x_stride, const uint16_t* w, uint16_t* y, int rows, int n, float eps);
 void silu_mul_rows(const uint16_t* g, long g_stride, const uint16_t* u, long u_stride, uint16_t* y, int rows, int n);
-int read_args(PyObject* const* args, Py_ssize_t nargs, Py_ssize_t want, void** ptr, int nptr, long* dims, int ndims,
-              const char* usage);
 
 PyObject* py_layers_plan(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 PyObject* py_layers_step(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
