@@ -101,10 +101,61 @@ TARGET static inline __attribute__((always_inline)) void block_rows_##NAME(const
         avx2_int_group(scales32 + (size_t)g * N + n0, acc[0], xscale, xsum, out, rows, g, groups);                         \
     }                                                                                                                      \
     avx2_store_rows(out, y, rows, n0, N);                                                                                  \
-}                                                                                                                          \
-DEFINE_AVX2_BLOCKS(NAME, TARGET, )
+}
 
 #define DOT_P32VNNI(acc, w, x) _mm256_dpwssd_avx_epi32(acc, w, x)
 #define DOT_P32I16(acc, w, x) _mm256_add_epi32(acc, _mm256_madd_epi16(w, x))
 DEFINE_P32(p32vnni, AVXVNNI_TARGET, DOT_P32VNNI)
-DEFINE_P32(p32i16, AVX2_TARGET, DOT_P32I16)
+DEFINE_AVX2_BLOCKS(p32vnni, AVXVNNI_TARGET, )
+DEFINE_P32(p32i16_rows, AVX2_TARGET, DOT_P32I16)
+
+// ISA_AVX2I16's one-row step on p32 (decode), with fewer operations a line and the same int32 sums: the nibbles at
+// bits 4-7 of each int16 are taken in place, as 16 q (vpand with 0x00F0), so a line needs one vpsrld (by 8) and four
+// vpand where the form above needs three and four. Their products go to an accumulator of their own, folded in as
+// hi >> 4 (exact: a multiple of 16) at most every 256 inputs, before it could overflow (128 * 15 * 16 * 32767 < 2^31).
+// vpmaddwd + vpaddd have no latency chain worth splitting, so one set of accumulators.
+AVX2_TARGET static inline __attribute__((always_inline)) void block_row1_p32i16(const uint8_t* blk,
+        const uint32_t* scales32, const int16_t* xi, const float* xscale, const float* xsum, float* out, uint16_t* y,
+        int n0, int N, int K, int group) {
+    const __m256i m1 = _mm256_set1_epi32(0x000F000F), m16 = _mm256_set1_epi32(0x00F000F0);
+    const int groups = K / group, eights = group / 8;
+    for (int i = 0; i < 32; i++) out[i] = 0.0f;
+    const uint8_t* line = blk;  /* 128 bytes per 8 inputs */
+    for (int g = 0; g < groups; g++) {
+        prefetch_scales(scales32 + (size_t)g * N + n0, 32);
+        __m256i acc[2][4], hi[4];
+        for (int l = 0; l < 4; l++) acc[0][l] = hi[l] = _mm256_setzero_si256();
+        for (int e = 0; e < eights; e++, line += 128) {
+            _mm_prefetch((const char*)(line + PREFETCH), _MM_HINT_T0);
+            _mm_prefetch((const char*)(line + PREFETCH + 64), _MM_HINT_T0);
+            const int32_t* xp = (const int32_t*)(xi + (size_t)8 * (g * eights + e));
+            const __m256i x0 = _mm256_set1_epi32(xp[0]), x1 = _mm256_set1_epi32(xp[1]);
+            const __m256i x2 = _mm256_set1_epi32(xp[2]), x3 = _mm256_set1_epi32(xp[3]);
+            for (int l = 0; l < 4; l++) {
+                const __m256i d = _mm256_loadu_si256((const __m256i*)(line + 32 * l));
+                const __m256i d8 = _mm256_srli_epi32(d, 8);
+                const __m256i lo = _mm256_add_epi32(_mm256_madd_epi16(_mm256_and_si256(d, m1), x0),
+                                                    _mm256_madd_epi16(_mm256_and_si256(d8, m1), x2));
+                const __m256i h = _mm256_add_epi32(_mm256_madd_epi16(_mm256_and_si256(d, m16), x1),
+                                                   _mm256_madd_epi16(_mm256_and_si256(d8, m16), x3));
+                acc[0][l] = _mm256_add_epi32(acc[0][l], lo);
+                hi[l] = _mm256_add_epi32(hi[l], h);
+            }
+            if ((e & 31) == 31 || e == eights - 1)
+                for (int l = 0; l < 4; l++) {
+                    acc[0][l] = _mm256_add_epi32(acc[0][l], _mm256_srai_epi32(hi[l], 4));
+                    hi[l] = _mm256_setzero_si256();
+                }
+        }
+        avx2_int_group(scales32 + (size_t)g * N + n0, acc, xscale, xsum, out, 1, g, groups);
+    }
+    avx2_store_rows(out, y, 1, n0, N);
+}
+
+AVX2_TARGET static inline __attribute__((always_inline)) void block_rows_p32i16(const uint8_t* blk,
+        const uint32_t* scales32, const int16_t* xi, const float* xscale, const float* xsum, float* out,
+        uint16_t* y, const int rows, int n0, int N, int K, int group) {
+    if (rows == 1) block_row1_p32i16(blk, scales32, xi, xscale, xsum, out, y, n0, N, K, group);
+    else block_rows_p32i16_rows(blk, scales32, xi, xscale, xsum, out, y, rows, n0, N, K, group);
+}
+DEFINE_AVX2_BLOCKS(p32i16, AVX2_TARGET, )
