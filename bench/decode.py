@@ -180,15 +180,15 @@ def one(name: str, model_id: str, tokens: int, runs: int, ff_keep: float = 0.5, 
     return out
 
 
-def spawn(name: str, args, kernel: str | None = None) -> dict | None:
+def spawn(name: str, args, kernel: str | None = None, short: bool = False) -> dict | None:
     """`name` measured in a process of its own; `kernel`: the int4 kernel path it must run on (PONDER_INT4_KERNEL),
     `PATH@torch` on torch's packing where the path would move the weights into Ponder's p32 (PONDER_INT4_LAYOUT)."""
     kernel, _, layout = (kernel or "").partition("@")
     env = dict(os.environ, PONDER_INT4_KERNEL=kernel, PONDER_INT4_LAYOUT=layout) if kernel else None
     cmd = [sys.executable, "-m", "bench.decode", "--one", name, "--tokens", str(args.tokens), "--runs",
            str(args.runs), "--model", args.model, "--ff-keep", str(args.ff_keep), "--ff-reselect", str(args.ff_reselect)]
-    if kernel and not layout:  # prompts past CHUNKED_ROWS and the cache's size do not depend on the decode kernel
-        cmd.append("--short")  # (on AVX2 they do depend on the layout: p32 prompts run on Ponder's kernel)
+    if short or kernel and not layout:  # prompts past CHUNKED_ROWS and the cache's size do not depend on the decode
+        cmd.append("--short")  # kernel (on AVX2 they do depend on the layout: p32 prompts run on Ponder's kernel)
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent, env=env)
     if proc.returncode != 0:
         print(f"[bench] {name} failed (exit {proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}",
@@ -251,6 +251,14 @@ def markdown(report: dict) -> str:
             rows.append(f"- {name}: {r['what']}" + ("" if built is None else
                                                    f"; building its cut weights took {built * 1000:.0f} ms of the TTFT"))
     rows += [f"- `{k}`: {v}" for k, v in report["ratios"].items()]
+    if report.get("rounds"):
+        r = report["rounds"]
+        rows.append(f"\n{len(next(iter(r['decode_tok_s'].values())))} interleaved rounds (the first is the table above), "
+                    "decode tok/s:")
+        rows += [f"- {n}: {', '.join('—' if v is None else f'{v:.1f}' for v in vs)}" for n, vs in r["decode_tok_s"].items()]
+        if r.get("w4a16kv8_vs_llama_cpp_q4_0"):
+            rows.append(f"- ratio to llama.cpp's Q4_0, round by round: {r['w4a16kv8_vs_llama_cpp_q4_0']}; "
+                        f"**median {r['median_w4a16kv8_vs_llama_cpp_q4_0']}**")
     rows.append(f"\n{report['tokens']} new tokens, median of {report['runs']} runs, {report['threads']} threads, "
                 f"{report['machine']}, {report['date']}.")
     features = report.get("cpu_features")
@@ -263,6 +271,25 @@ def markdown(report: dict) -> str:
         rows.append(f"llama.cpp: llama-cpp-python {report['llama_cpp_build']['version']}, "
                     f"{report['llama_cpp_build']['system_info'].strip()}")
     return "\n".join(rows) + "\n"
+
+
+def rounds(systems: dict, args) -> dict:
+    """Measures the systems that ran again, `args.rounds - 1` more times, interleaved (decode only, each in a process of
+    its own), so that a host whose speed drifts over minutes moves every system alike: each round's ratio of Ponder's
+    default to llama.cpp's Q4_0 compares runs made a minute apart, and their median is the figure to quote."""
+    names = [n for n, r in systems.items() if r and "error" not in r and "[" not in n]
+    rates = {n: [systems[n]["decode_tok_s"]] for n in names}
+    for _ in range(args.rounds - 1):
+        for n in names:
+            rates[n].append((spawn(n, args, short=True) or {}).get("decode_tok_s"))
+    out = {"decode_tok_s": rates}
+    ours = rates.get(default_system(args.model))
+    q4_0 = rates.get("llama_cpp_q4_0") or rates.get("llama_cpp_q4_0_norepack")
+    if ours and q4_0:
+        per = [ratio(a, b) for a, b in zip(ours, q4_0, strict=True)]
+        out["w4a16kv8_vs_llama_cpp_q4_0"] = per
+        out["median_w4a16kv8_vs_llama_cpp_q4_0"] = statistics.median(r for r in per if r) if any(per) else None
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -284,6 +311,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="also run the model's default system on each of these int4 kernel paths "
                         "(PONDER_INT4_KERNEL values; PATH@torch: on torch's packing, not p32), as rows "
                         "'<system> [<path>]' of the same run")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="measure the systems this many times, interleaved, and give each round's ratio to "
+                        "llama.cpp's Q4_0 and their median (a host whose speed drifts moves all systems alike)")
     args = p.parse_args(argv)
     if args.one:
         with quiet_machine():
@@ -322,6 +352,8 @@ def main(argv: list[str] | None = None) -> int:
         "model": args.model, "tokens": args.tokens, "ff_keep": args.ff_keep, "ff_reselect": args.ff_reselect,
         "runs": args.runs, "prompt": PROMPT, "systems": systems, "ratios": summarize(systems, args.model),
     }
+    if args.rounds > 1:
+        report["rounds"] = rounds(systems, args)
     RESULTS.mkdir(exist_ok=True)
     stem = "decode_subset" if args.systems else "decode"
     if args.tag:
