@@ -255,7 +255,8 @@ def markdown(report: dict) -> str:
         r = report["rounds"]
         rows.append(f"\n{len(next(iter(r['decode_tok_s'].values())))} interleaved rounds (the first is the table above), "
                     "decode tok/s:")
-        rows += [f"- {n}: {', '.join('—' if v is None else f'{v:.1f}' for v in vs)}" for n, vs in r["decode_tok_s"].items()]
+        rows += [f"- {n}: {', '.join('—' if v is None else f'{v:.1f}' for v in vs)} (median "
+                 f"{statistics.median(v for v in vs if v is not None):.1f})" for n, vs in r["decode_tok_s"].items()]
         if r.get("w4a16kv8_vs_llama_cpp_q4_0"):
             rows.append(f"- ratio to llama.cpp's Q4_0, round by round: {r['w4a16kv8_vs_llama_cpp_q4_0']}; "
                         f"**median {r['median_w4a16kv8_vs_llama_cpp_q4_0']}**")
@@ -277,11 +278,12 @@ def rounds(systems: dict, args) -> dict:
     """Measures the systems that ran again, `args.rounds - 1` more times, interleaved (decode only, each in a process of
     its own), so that a host whose speed drifts over minutes moves every system alike: each round's ratio of Ponder's
     default to llama.cpp's Q4_0 compares runs made a minute apart, and their median is the figure to quote."""
-    names = [n for n, r in systems.items() if r and "error" not in r and "[" not in n]
+    names = [n for n, r in systems.items() if r and "error" not in r]
     rates = {n: [systems[n]["decode_tok_s"]] for n in names}
     for _ in range(args.rounds - 1):
         for n in names:
-            rates[n].append((spawn(n, args, short=True) or {}).get("decode_tok_s"))
+            base, _, kernel = n.partition(" [")  # a --kernels row: '<system> [<path>]'
+            rates[n].append((spawn(base, args, kernel.rstrip("]") or None, short=True) or {}).get("decode_tok_s"))
     out = {"decode_tok_s": rates}
     ours = rates.get(default_system(args.model))
     q4_0 = rates.get("llama_cpp_q4_0") or rates.get("llama_cpp_q4_0_norepack")
