@@ -173,7 +173,7 @@ def one(name: str, model_id: str, tokens: int, runs: int, ff_keep: float = 0.5, 
     if name in ("hf_fp32", "hf_bf16"):
         out = run_hf(name[3:], model_id, tokens, runs)
     elif name.startswith("llama_cpp"):
-        out = run_llama_cpp(model_id, tokens, runs, repack=not name.endswith("norepack"), q4_0="q4_0" in name)
+        out = run_llama_cpp(model_id, tokens, runs, repack=not name.endswith("norepack"), q4_0="q4_0" in name, long=long)
     else:
         out = run_ponder(name, model_id, tokens, runs, ff_keep, ff_reselect, long)
     out["peak_rss_mb"] = peak_rss_mb()
@@ -182,7 +182,8 @@ def one(name: str, model_id: str, tokens: int, runs: int, ff_keep: float = 0.5, 
 
 def spawn(name: str, args, kernel: str | None = None, short: bool = False) -> dict | None:
     """`name` measured in a process of its own; `kernel`: the int4 kernel path it must run on (PONDER_INT4_KERNEL),
-    `PATH@torch` on torch's packing where the path would move the weights into Ponder's p32 (PONDER_INT4_LAYOUT)."""
+    `PATH@torch` on torch's packing where the path would move the weights into Ponder's p32 (PONDER_INT4_LAYOUT);
+    `short`: decode only, without the long prompts' first-token times."""
     kernel, _, layout = (kernel or "").partition("@")
     env = dict(os.environ, PONDER_INT4_KERNEL=kernel, PONDER_INT4_LAYOUT=layout) if kernel else None
     cmd = [sys.executable, "-m", "bench.decode", "--one", name, "--tokens", str(args.tokens), "--runs",
@@ -251,14 +252,18 @@ def markdown(report: dict) -> str:
             rows.append(f"- {name}: {r['what']}" + ("" if built is None else
                                                    f"; building its cut weights took {built * 1000:.0f} ms of the TTFT"))
     rows += [f"- `{k}`: {v}" for k, v in report["ratios"].items()]
-    if report.get("rounds"):
-        r = report["rounds"]
+    r = report.get("rounds") or {}
+    if r.get("decode_tok_s"):
+        def listed(values, fmt):
+            return ", ".join("—" if v is None else format(v, fmt) for v in values)
+
         rows.append(f"\n{len(next(iter(r['decode_tok_s'].values())))} interleaved rounds (the first is the table above), "
                     "decode tok/s:")
-        rows += [f"- {n}: {', '.join('—' if v is None else f'{v:.1f}' for v in vs)} (median "
-                 f"{statistics.median(v for v in vs if v is not None):.1f})" for n, vs in r["decode_tok_s"].items()]
-        if r.get("w4a16kv8_vs_llama_cpp_q4_0"):
-            rows.append(f"- ratio to llama.cpp's Q4_0, round by round: {r['w4a16kv8_vs_llama_cpp_q4_0']}; "
+        for n, vs in r["decode_tok_s"].items():
+            done = [v for v in vs if v is not None]
+            rows.append(f"- {n}: {listed(vs, '.1f')} (median {statistics.median(done):.1f})" if done else f"- {n}: —")
+        if r.get("median_w4a16kv8_vs_llama_cpp_q4_0"):
+            rows.append(f"- ratio to llama.cpp's Q4_0, round by round: {listed(r['w4a16kv8_vs_llama_cpp_q4_0'], '.3f')}; "
                         f"**median {r['median_w4a16kv8_vs_llama_cpp_q4_0']}**")
     rows.append(f"\n{report['tokens']} new tokens, median of {report['runs']} runs, {report['threads']} threads, "
                 f"{report['machine']}, {report['date']}.")
@@ -290,7 +295,7 @@ def rounds(systems: dict, args) -> dict:
     if ours and q4_0:
         per = [ratio(a, b) for a, b in zip(ours, q4_0, strict=True)]
         out["w4a16kv8_vs_llama_cpp_q4_0"] = per
-        out["median_w4a16kv8_vs_llama_cpp_q4_0"] = statistics.median(r for r in per if r) if any(per) else None
+        out["median_w4a16kv8_vs_llama_cpp_q4_0"] = round(statistics.median(r for r in per if r), 3) if any(per) else None
     return out
 
 

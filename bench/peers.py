@@ -77,7 +77,7 @@ def q4_0_gguf(gguf: Path, model_id: str) -> Path:
     return out
 
 
-def run_llama_cpp(model_id: str, tokens: int, runs: int, repack: bool, q4_0: bool = False) -> dict:
+def run_llama_cpp(model_id: str, tokens: int, runs: int, repack: bool, q4_0: bool = False, long: bool = True) -> dict:
     import llama_cpp
 
     from core.loading import load_tokenizer
@@ -122,7 +122,7 @@ def run_llama_cpp(model_id: str, tokens: int, runs: int, repack: bool, q4_0: boo
         rates.append((n - 1) / (end - first))
     out = {"ttft_s": statistics.median(ttfts[1:]), "decode_tok_s": statistics.median(rates[1:]),
            "kv_bytes_per_token": None, "prompt_tokens": len(ids), "repack": repack}
-    for n in LONG_PROMPTS:
+    for n in LONG_PROMPTS if long else ():
         long_ids = build_prompt_ids(tokenizer, long_prompt(tokenizer, n))
         times = []
         for _ in range(3):  # the first run warms up

@@ -31,4 +31,5 @@ def test_rounds_interleave_the_systems_and_take_the_median_of_per_round_ratios(m
     report = {"systems": systems, "ratios": {}, "tokens": 128, "runs": 3, "threads": 2, "machine": "m", "date": "d",
               "rounds": out}
     text = decode.markdown(report)
-    assert "**median 1.1**" in text and "50.0, 60.0, 40.0 (median 50.0)" in text
+    assert "1.100, 1.200, 0.900; **median 1.1**" in text and "50.0, 60.0, 40.0 (median 50.0)" in text
+    assert "rounds" not in decode.markdown({**report, "rounds": {"decode_tok_s": {}}})  # every system failed

@@ -252,14 +252,14 @@ def test_p32_gives_every_row_the_bits_of_torchs_avx2_layout_whatever_the_rows(n,
             assert torch.equal(got[:1], int4_kernel._rows(x[:1].contiguous(), p32, group, scales, p32_isa))
 
 
-@pytest.mark.parametrize("group", [256, 2048])
-def test_p32_one_row_sums_stay_exact_at_the_largest_codes_and_inputs(group):
+@pytest.mark.parametrize(("group", "k"), [(256, 4096), (2048, 4096), (384, 3072)])
+def test_p32_one_row_sums_stay_exact_at_the_largest_codes_and_inputs(group, k):
     """The one-row p32 step (models/_int4_p32.c) sums half the nibbles as 16 q in an int32 accumulator of its own: with
     every code 15 and every input at the int16 limit, of either sign, a group's sums still come out exact."""
     lib = int4_kernel._int4
     if lib is None or not lib.features() >> lib.ISA_P32I16 & 1:
         pytest.skip("needs the built kernel on a CPU with AVX2 + FMA")
-    n, k = 64, 4096
+    n = 64
     q = torch.full((n, k), 15, dtype=torch.int32)
     scales = torch.stack([torch.full((k // group, n), 2.0 ** -12), torch.zeros(k // group, n)], -1).to(torch.bfloat16)
     packed = avx2_packing(q)
