@@ -1,27 +1,36 @@
-"""How good a verifier a weighted vote needs to beat majority by a margin, on a verifier's own samples, and how fast
-the hidden-state head gets better with more of them: the measured bound for #39's vote target.
+"""How good a verifier a weighted vote needs to beat majority by a margin, on a verifier's own samples; what the real
+head's scores reach under the same vote rules; and how fast the head improves with more samples (#39's vote target).
 
-Part 1 (simulated verifiers on the real samples). The samples, their final answers and whether each is right stay
-as sampled; only the verifier's score is drawn: s = Δ·right + N(0, 1), so that a right answer outscores a wrong one
-of the same question with probability Φ(Δ / √2), the within-question AUC. Each question's answers are voted with
-weights exp(τ·s), the temperature τ chosen per AUC on the same samples (in-sample, every benefit of the doubt to
-the verifier; τ = 0 is majority, large τ picks the single best-scored sample), averaged over `--seeds` draws. Out
-comes the smallest within-question AUC at which the best weighted vote is `--margin` points above majority.
+Two families of vote rules, each answer group of a question scored and the top group winning (ties to the group seen
+first, as core.reasoning.voting.vote breaks them):
+- `exp`: the sum of exp(τ·s) over the group's samples (τ = 0 is majority, a large τ the best single sample);
+- `llr`: α·log(count) + β·Σs + γ·count, a prior on the group's size plus each sample's log-likelihood ratio
+  (for scores drawn as below, β = Δ and γ = −Δ²/2 make it the posterior log-odds that the group is right).
 
-Part 2 (the learning curve of the real head). The hidden-state head (`core.training.heads`, its L2 chosen by
-cross-validation on all the samples) is fitted on the samples of the first m questions of each training split
-(5 folds by question) and scored on the held-out fold; the within-question AUC of those out-of-fold scores at each m
-says how the head improves per doubling of its data, and a straight line in log2(m) says how many questions it would
-need to reach Part 1's AUC, and at the sampling cost the features cache records, how many hours of this machine.
+Part 1 (simulated verifiers on the real samples). The samples, their answers and whether each is right stay as
+sampled; only the score is drawn, s = Δ·right + N(0, 1), so that a right answer outscores a wrong one of its question
+with probability Φ(Δ / √2), the within-question AUC. Each family's parameters are chosen on the same samples for each
+AUC (in-sample, and the drawn errors are independent between samples of one answer, where a real verifier's are not:
+both favour the simulated verifier), mean of `--seeds` draws; out comes the smallest AUC (0.01 steps) at which each
+family's best vote is `--margin` points above majority.
 
-`python -m bench.vote_bound F --out PREFIX` (F: a features cache of `ponder train verifier`, with its
-.candidates.jsonl), writes PREFIX.json and PREFIX.md.
+Part 2 (the real head). The hidden-state head (`core.training.heads`, its L2 chosen by cross-validation) scores every
+sample out of fold (5 folds by question); both families vote on those logits with parameters chosen in-sample (what
+the scores could give at best) and out of fold (each fold's parameters chosen on the other folds' questions: a rule one
+could ship). Then the learning curve: each fold's head fitted on `m` of its training questions drawn at random
+(`--curve-seeds` draws), within-question AUC of the out-of-fold scores by m, and a straight line in log2(m) for the
+questions it would take to reach Part 1's AUC.
+
+`python -m bench.vote_bound F --candidates F.candidates.jsonl --out PREFIX` (F: a features cache of `ponder train
+verifier`), writes PREFIX.json and PREFIX.md.
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
+import random
 from pathlib import Path
 
 import torch
@@ -29,11 +38,14 @@ import torch
 from bench.vote_rules import answer_groups, load
 from core.training.combiner import within_question_auc
 from core.training.folds import question_folds
-from core.training.heads import VERIFIER_LR, fit_head, pick_weight_decay
+from core.training.heads import VERIFIER_LR, fit_head, oof_logits, pick_weight_decay
 from models.heads import VerifierHead
 
-TEMPERATURES = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 32.0)
-AUCS = (0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 0.98)
+TEMPERATURES = (0.0, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 8.0, 32.0)
+ALPHAS = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0)
+BETAS = (0.0, 0.25, 0.5, 1.0, 2.0)
+GAMMAS = (-1.0, -0.5, -0.25, 0.0, 0.25, 0.5)
+AUCS = tuple(round(0.6 + 0.01 * i, 2) for i in range(39))  # 0.60 .. 0.98
 SUBSETS = (25, 50, 100, 200, 400)
 
 
@@ -44,121 +56,197 @@ class Groups:
         groups = answer_groups(rows)
         questions = sorted({r["question_index"] for r in rows})
         self.n_questions = len(questions)
-        qpos = {q: i for i, q in enumerate(questions)}
+        self.qpos = {q: i for i, q in enumerate(questions)}
         member, gid = [], []
         for g, (_, members) in enumerate(groups):
             member += members
             gid += [g] * len(members)
-        self.member, self.gid = torch.tensor(member), torch.tensor(gid)
-        self.question = torch.tensor([qpos[q] for q, _ in groups])
+        self.member, self.gid = torch.tensor(member, dtype=torch.long), torch.tensor(gid, dtype=torch.long)
+        self.question = torch.tensor([self.qpos[q] for q, _ in groups], dtype=torch.long)
         self.right = torch.tensor([bool(rows[m[0]]["correct"]) for _, m in groups], dtype=torch.float64)
         self.first = torch.tensor([m[0] for _, m in groups], dtype=torch.float64)
+        self.count = torch.tensor([len(m) for _, m in groups], dtype=torch.float64)
 
-    def accuracy(self, weights: torch.Tensor) -> torch.Tensor:
-        """weights (S, N) per sample → (S,) share of questions whose heaviest answer group is right (ties to the
-        group seen first, as core.reasoning.voting.vote breaks them)."""
-        s = weights.shape[0]
-        sums = torch.zeros(s, len(self.right), dtype=torch.float64).index_add_(1, self.gid, weights[:, self.member])
-        best = torch.full((s, self.n_questions), -math.inf, dtype=torch.float64)
-        best = best.scatter_reduce(1, self.question.expand(s, -1), sums, "amax")
-        top = sums >= best[:, self.question] * (1 - 1e-12)
+    def sums(self, values: torch.Tensor) -> torch.Tensor:
+        """values (S, N) per sample → (S, G) summed over each answer group."""
+        out = torch.zeros(values.shape[0], len(self.right), dtype=torch.float64)
+        return out.index_add_(1, self.gid, values[:, self.member].double())
+
+    def right_by_question(self, scores: torch.Tensor) -> torch.Tensor:
+        """scores (S, G) per answer group → (S, questions) 1 where the top group is right. Scores within 1e-12 of the
+        top (relative) tie, and a tie goes to the group seen first; a question without answers is wrong."""
+        s = scores.shape[0]
+        index = self.question.expand(s, -1)
+        best = torch.full((s, self.n_questions), -math.inf, dtype=torch.float64).scatter_reduce(1, index, scores, "amax")
+        top_value = best[:, self.question]
+        top = scores >= top_value - 1e-12 * top_value.abs()
         first = torch.where(top, self.first, math.inf)
-        winner_first = torch.full((s, self.n_questions), math.inf, dtype=torch.float64)
-        winner_first = winner_first.scatter_reduce(1, self.question.expand(s, -1), first, "amin")
-        won = top & (first == winner_first[:, self.question])
-        return (won * self.right).sum(1) / self.n_questions
+        winner = torch.full((s, self.n_questions), math.inf, dtype=torch.float64).scatter_reduce(1, index, first, "amin")
+        won = top & (first == winner[:, self.question])
+        return torch.zeros(s, self.n_questions, dtype=torch.float64).index_add_(1, self.question, won * self.right)
+
+    def accuracy(self, scores: torch.Tensor) -> torch.Tensor:
+        """(S,) share of questions whose top-scored answer group is right."""
+        return self.right_by_question(scores).mean(1)
+
+    def family_scores(self, s: torch.Tensor) -> dict[tuple, torch.Tensor]:
+        """Every parameter setting of both families → its (S, G) group scores for per-sample scores s (S, N)."""
+        out = {("exp", t): self.sums(torch.exp(t * (s - s.max(1, keepdim=True).values))) for t in TEMPERATURES}
+        total, log_count = self.sums(s), self.count.log()
+        for a, b, c in itertools.product(ALPHAS, BETAS, GAMMAS):
+            out[("llr", a, b, c)] = a * log_count + b * total + c * self.count
+        return out
 
 
-def simulated(groups: Groups, y: torch.Tensor, seeds: int) -> list[dict]:
-    """Part 1: per AUC level, majority and the best temperature's weighted vote, mean over `seeds` draws."""
-    gen = torch.Generator().manual_seed(0)
-    noise = torch.randn(seeds, len(y), generator=gen, dtype=torch.float64)
-    majority = float(groups.accuracy(torch.ones(1, len(y), dtype=torch.float64))[0])
+def simulated(groups: Groups, y: torch.Tensor, seeds: int) -> tuple[float, list[dict]]:
+    """Part 1: per AUC, each family's best in-sample vote (mean over `seeds` draws), the `llr` family with the true
+    β = Δ, γ = −Δ²/2 and α chosen."""
+    noise = torch.randn(seeds, len(y), generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    majority = float(groups.accuracy(groups.sums(torch.ones(1, len(y))))[0])
+    normal = torch.distributions.Normal(0.0, 1.0)
     out = []
     for auc in AUCS:
-        delta = math.sqrt(2) * torch.distributions.Normal(0, 1).icdf(torch.tensor(auc)).item()
+        delta = math.sqrt(2) * normal.icdf(torch.tensor(auc, dtype=torch.float64)).item()
         s = delta * y.double() + noise
-        by_t = {}
-        for t in TEMPERATURES:
-            w = torch.exp(t * (s - s.max(1, keepdim=True).values))  # scaled per draw: only ratios matter
-            by_t[t] = float(groups.accuracy(w).mean())
-        t_best = max(by_t, key=by_t.get)
-        out.append({"auc": auc, "delta": round(delta, 3), "majority": round(100 * majority, 2),
-                    "weighted_best": round(100 * by_t[t_best], 2), "temperature": t_best,
-                    "gain": round(100 * (by_t[t_best] - majority), 2)})
+        exp = {t: float(groups.accuracy(groups.sums(torch.exp(t * (s - s.max(1, keepdim=True).values)))).mean())
+               for t in TEMPERATURES}
+        total, log_count = groups.sums(s), groups.count.log()
+        llr = {a: float(groups.accuracy(a * log_count + delta * total - delta ** 2 / 2 * groups.count).mean())
+               for a in ALPHAS}
+        t, a = max(exp, key=exp.get), max(llr, key=llr.get)
+        out.append({"auc": auc, "exp": round(100 * exp[t], 2), "temperature": t, "llr": round(100 * llr[a], 2),
+                    "alpha": a})
+    return 100 * majority, out
+
+
+def needed(majority: float, sim: list[dict], family: str, margin: float) -> float | None:
+    """The smallest simulated AUC at which `family`'s best vote is `margin` points above majority."""
+    return next((r["auc"] for r in sim if r[family] - majority >= margin), None)
+
+
+def real_votes(groups: Groups, logits: torch.Tensor, rows: list[dict], seed: int) -> dict:
+    """Part 2a: both families on the head's out-of-fold logits, parameters chosen in-sample and out of fold."""
+    scores = groups.family_scores(logits[None, :].double())
+    per_q = {k: groups.right_by_question(v)[0] for k, v in scores.items()}
+    out = {"majority": 100 * float(per_q[("exp", 0.0)].mean())}
+    for family in ("exp", "llr"):
+        keys = [k for k in per_q if k[0] == family]
+        best = max(keys, key=lambda k: float(per_q[k].mean()))
+        qids = torch.tensor([groups.qpos[r["question_index"]] for r in rows])
+        right = torch.zeros(groups.n_questions, dtype=torch.float64)
+        chosen = []
+        for tr, va in question_folds(qids, 5, seed):
+            train_q, held_q = sorted({int(qids[i]) for i in tr}), sorted({int(qids[i]) for i in va})
+            pick = max(keys, key=lambda k: float(per_q[k][train_q].sum()))
+            right[held_q] = per_q[pick][held_q]
+            chosen.append(list(pick[1:]))
+        out[family] = {"in_sample": round(100 * float(per_q[best].mean()), 2), "in_sample_params": list(best[1:]),
+                       "out_of_fold": round(100 * float(right.mean()), 2), "fold_params": chosen}
+    out["majority"] = round(out["majority"], 2)
     return out
 
 
-def learning_curve(data: dict, weight_decay: float | None, seed: int) -> tuple[list[dict], float]:
-    """Part 2: the head's out-of-fold within-question AUC when each fold's head sees m training questions."""
+def learning_curve(data: dict, weight_decay: float, seed: int, draws: int) -> list[dict]:
+    """Part 2b: the out-of-fold within-question AUC when each fold's head sees m random training questions (mean and
+    range over `draws` draws; one draw where m takes every training question)."""
     x, y, groups = data["x"], data["y"], data["groups"]
-    if weight_decay is None:
-        weight_decay, _ = pick_weight_decay(x, y, groups, x.shape[1], seed=seed)
     folds = list(question_folds(groups, 5, seed))
-    rows = []
-    for m in SUBSETS:
-        scores = torch.zeros(len(y))
-        for tr, va in folds:
-            train_questions = sorted({int(groups[i]) for i in tr})[:m]
-            keep = torch.tensor([i for i in tr if int(groups[i]) in set(train_questions)])
-            head = fit_head(VerifierHead(x.shape[1]), x[keep], y[keep], epochs=300, lr=VERIFIER_LR,
-                            weight_decay=weight_decay, seed=seed)
-            with torch.no_grad():
-                scores[va] = head(x[va]).float()
-        rows.append({"questions": min(m, len({int(g) for g in groups}) * 4 // 5),
-                     "auc": within_question_auc(scores, y, groups)})
-    return rows, weight_decay
+    smallest = min(len({int(groups[i]) for i in tr}) for tr, _ in folds)
+    out = []
+    for m in [m for m in SUBSETS if m < smallest] + [smallest]:
+        aucs = []
+        for draw in range(draws if m < smallest else 1):
+            scores = torch.zeros(len(y))
+            for k, (tr, va) in enumerate(folds):
+                questions = sorted({int(groups[i]) for i in tr})
+                kept = set(random.Random(1000 * draw + k).sample(questions, m))
+                keep = torch.tensor([i for i in tr if int(groups[i]) in kept])
+                head = fit_head(VerifierHead(x.shape[1]), x[keep], y[keep], epochs=300, lr=VERIFIER_LR,
+                                weight_decay=weight_decay, seed=seed)
+                with torch.no_grad():
+                    scores[va] = head(x[va]).float()
+            aucs.append(within_question_auc(scores, y, groups))
+        out.append({"questions": m, "auc": round(sum(aucs) / len(aucs), 4), "low": min(aucs), "high": max(aucs)})
+    return out
 
 
 def extrapolate(curve: list[dict], target_auc: float | None) -> dict | None:
-    """Least-squares line AUC = a + b·log2(questions) through the curve; the questions it needs for target_auc."""
+    """Least-squares line AUC = a + b·log2(questions) through the curve, all of it and its last three points; the
+    questions each needs for target_auc (None where the line does not rise, or only past 2^40 questions)."""
     pts = [(math.log2(r["questions"]), r["auc"]) for r in curve if r["auc"] is not None]
     if target_auc is None or len(pts) < 2:
         return None
-    mx, my = sum(p[0] for p in pts) / len(pts), sum(p[1] for p in pts) / len(pts)
-    b = sum((p[0] - mx) * (p[1] - my) for p in pts) / sum((p[0] - mx) ** 2 for p in pts)
-    a = my - b * mx
-    need = None if b <= 0 else 2 ** ((target_auc - a) / b)
-    return {"intercept": round(a, 4), "per_doubling": round(b, 4), "questions_needed": need}
+
+    def fit(p):
+        mx, my = sum(q[0] for q in p) / len(p), sum(q[1] for q in p) / len(p)
+        b = sum((q[0] - mx) * (q[1] - my) for q in p) / sum((q[0] - mx) ** 2 for q in p)
+        a = my - b * mx
+        doublings = None if b <= 1e-6 else (target_auc - a) / b
+        need = None if doublings is None or doublings > 40 else 2 ** doublings  # 2^40: no data set holds that
+        return {"intercept": round(a, 4), "per_doubling": round(b, 4), "questions_needed": need}
+
+    return {"all": fit(pts), "last_three": fit(pts[-3:]) if len(pts) >= 3 else None}
 
 
-def run(cache: Path, candidates: Path | None, margin: float, seeds: int, weight_decay: float | None,
-        seed: int) -> dict:
+def run(cache: Path, candidates: Path | None, margin: float, seeds: int, weight_decay: float | None, seed: int,
+        curve_seeds: int) -> dict:
     data, rows = load(cache, candidates)
     groups = Groups(rows)
-    sim = simulated(groups, data["y"], seeds)
-    needed = next((r["auc"] for r in sim if r["gain"] >= margin), None)
-    curve, weight_decay = learning_curve(data, weight_decay, seed)
-    line = extrapolate(curve, needed)
-    n_q = groups.n_questions
-    sec_per_q = float(data["seconds"].item()) / n_q if "seconds" in data else None
-    hours = None
-    if line and line["questions_needed"] and sec_per_q:
-        hours = round(line["questions_needed"] * sec_per_q / 3600, 1)
-    return {"source": str(cache), "questions": n_q, "candidates": len(rows), "margin": margin, "seeds": seeds,
-            "simulated": sim, "auc_needed": needed, "head_weight_decay": weight_decay, "learning_curve": curve,
-            "line": line, "sampling_seconds_per_question": sec_per_q, "hours_for_auc_needed": hours}
+    majority, sim = simulated(groups, data["y"], seeds)
+    need = {family: needed(majority, sim, family, margin) for family in ("exp", "llr")}
+    x, y, g = data["x"], data["y"], data["groups"]
+    if weight_decay is None:
+        weight_decay, _ = pick_weight_decay(x, y, g, x.shape[1], seed=seed)
+    logits = oof_logits(x, y, g, x.shape[1], weight_decay, seed=seed)
+    sources = {"head": logits}
+    if "extras" in data:  # DeepConf's confidences: the mean and the lowest-window token log-prob
+        sources |= {"logprob_mean": data["extras"][:, 0], "logprob_lowest": data["extras"][:, 1]}
+    real = {}
+    for name, score in sources.items():
+        z = (score.double() - score.double().mean()) / score.double().std().clamp(min=1e-9)  # the grids' scale
+        real[name] = {**real_votes(groups, z, rows, seed), "auc": within_question_auc(score.float(), y, g)}
+    curve = learning_curve(data, weight_decay, seed, curve_seeds)
+    target = min((a for a in need.values() if a is not None), default=None)
+    line = extrapolate(curve, target)
+    seconds = float(data["seconds"].item()) if "seconds" in data else None
+    return {"source": str(cache), "questions": groups.n_questions, "candidates": len(rows), "margin": margin,
+            "seeds": seeds, "majority": round(majority, 2), "simulated": sim, "auc_needed": need,
+            "head_weight_decay": weight_decay, "real_scores": real, "learning_curve": curve, "line": line,
+            "collection_seconds_per_question": None if seconds is None else seconds / groups.n_questions}
 
 
 def markdown(r: dict) -> str:
+    m, need = r["majority"], r["auc_needed"]
     lines = [f"# How good a verifier +{r['margin']} points over majority needs: `{Path(r['source']).name}`", "",
-             f"{r['questions']} questions, {r['candidates']} candidates. Simulated verifier scores on the real samples "
-             f"(mean of {r['seeds']} draws), the vote temperature chosen in-sample per row:", "",
-             "| within-question AUC | majority | best weighted vote | gain | temperature |", "|---:|---:|---:|---:|---:|"]
-    lines += [f"| {s['auc']} | {s['majority']}% | {s['weighted_best']}% | {s['gain']:+} | {s['temperature']} |"
-              for s in r["simulated"]]
-    lines += ["", f"AUC needed for +{r['margin']}: **{r['auc_needed']}**.", "",
-              "The hidden-state head's out-of-fold within-question AUC by the training questions each fold's head saw "
-              f"(weight decay {r['head_weight_decay']}):", "", "| questions | AUC |", "|---:|---:|"]
-    lines += [f"| {c['questions']} | {c['auc']} |" for c in r["learning_curve"]]
-    line = r["line"]
-    if line:
-        need = line["questions_needed"]
-        lines += ["", f"Line through them: AUC = {line['intercept']} + {line['per_doubling']} per doubling of the "
-                      f"questions; the AUC needed at "
-                      + ("no finite number of questions (the line does not rise)" if need is None else
-                         f"~{need:,.0f} questions, ~{r['hours_for_auc_needed']} h of this machine's sampling "
-                         f"({r['sampling_seconds_per_question']:.1f} s a question of 8 samples)") + "."]
+             f"{r['questions']} questions, {r['candidates']} candidates, majority {m}%. Simulated verifier scores on "
+             f"the real samples (mean of {r['seeds']} draws), each family's parameters chosen in-sample per row:", "",
+             "| within-question AUC | `exp` best | gain | τ | `llr` best | gain | α |", "|---:|---:|---:|---:|---:|---:|---:|"]
+    shown = {round(0.6 + 0.05 * i, 2) for i in range(8)} | {0.98} | {a for a in need.values() if a is not None}
+    lines += [f"| {s['auc']} | {s['exp']}% | {s['exp'] - m:+.2f} | {s['temperature']} | {s['llr']}% | "
+              f"{s['llr'] - m:+.2f} | {s['alpha']} |" for s in r["simulated"] if s["auc"] in shown]
+    lines += ["", f"Smallest AUC (0.01 steps) for +{r['margin']}: `exp` **{need['exp']}**, `llr` **{need['llr']}**.", "",
+              f"The real scores (each standardised; the head's out of fold, weight decay {r['head_weight_decay']}) "
+              "under both families:", "",
+              "| score | within-question AUC | family | in-sample parameters | accuracy | chosen out of fold, by fold | "
+              "accuracy |", "|---|---:|---|---|---:|---|---:|"]
+    for name, real in r["real_scores"].items():
+        for family in ("exp", "llr"):
+            f = real[family]
+            lines.append(f"| {name} | {real['auc']} | `{family}` | {f['in_sample_params']} | {f['in_sample']}% | "
+                         f"{f['fold_params']} | {f['out_of_fold']}% |")
+    lines += ["", "The head's out-of-fold within-question AUC by the training questions each fold's head saw (random "
+              "draws; mean, low, high):", "", "| questions | AUC | low | high |", "|---:|---:|---:|---:|"]
+    lines += [f"| {c['questions']} | {c['auc']} | {c['low']} | {c['high']} |" for c in r["learning_curve"]]
+    if r["line"]:
+        sec = r["collection_seconds_per_question"]
+        for name, line in r["line"].items():
+            if line is None:
+                continue
+            n = line["questions_needed"]
+            cost = "" if n is None or sec is None else f", ~{n * sec / 3600:.0f} h at the collection's {sec:.1f} s a question"
+            lines.append(f"- line through {'every point' if name == 'all' else 'the last three points'}: "
+                         f"{line['per_doubling']:+} a doubling; the smaller AUC above at "
+                         + ("no number of questions" if n is None else f"~{n:,.0f} questions{cost}") + ".")
     return "\n".join(lines) + "\n"
 
 
@@ -168,11 +256,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--candidates", type=Path, help="its candidates JSONL (default: <cache>.candidates.jsonl)")
     ap.add_argument("--out", type=Path, required=True, help="output prefix (.json and .md are written)")
     ap.add_argument("--margin", type=float, default=3.0, help="points over majority the vote target asks for")
-    ap.add_argument("--seeds", type=int, default=64, help="draws of the simulated scores per AUC level")
+    ap.add_argument("--seeds", type=int, default=64, help="draws of the simulated scores per AUC")
+    ap.add_argument("--curve-seeds", type=int, default=3, help="random draws of each learning-curve subset")
     ap.add_argument("--weight-decay", type=float, help="the head's L2 (default: chosen by cross-validation)")
     ap.add_argument("--seed", type=int, default=39)
     args = ap.parse_args(argv)
-    result = run(args.cache, args.candidates, args.margin, args.seeds, args.weight_decay, args.seed)
+    result = run(args.cache, args.candidates, args.margin, args.seeds, args.weight_decay, args.seed, args.curve_seeds)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     Path(f"{args.out}.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     Path(f"{args.out}.md").write_text(markdown(result), encoding="utf-8")

@@ -1,4 +1,5 @@
-"""bench.vote_bound: the vectorised vote is the app's vote, and a better simulated verifier never votes worse."""
+"""bench.vote_bound: the vectorised vote is the app's vote question by question, a better simulated verifier never
+votes worse, the real head's scores are voted out of fold, and the learning curve's line."""
 from __future__ import annotations
 
 import json
@@ -23,35 +24,70 @@ def _rows(questions: int = 40, seed: int = 0) -> list[dict]:
     return rows
 
 
-@pytest.mark.parametrize("equal", [True, False])
-def test_the_vectorised_vote_picks_what_the_app_picks(equal):
+def _app_votes(rows: list[dict], weights: list[float], method: str) -> list[float]:
+    by_q: dict[int, list[int]] = {}
+    for i, r in enumerate(rows):
+        by_q.setdefault(r["question_index"], []).append(i)
+    out = []
+    for members in by_q.values():
+        v = vote([rows[i]["final_answer"] for i in members], [weights[i] for i in members], method)
+        out.append(float(v.winner_index is not None and rows[members[v.winner_index]]["correct"]))
+    return out
+
+
+@pytest.mark.parametrize("kind", ["equal", "random", "rounding"])
+def test_the_vectorised_vote_picks_what_the_app_picks_question_by_question(kind):
     rows = _rows()
+    if kind == "rounding":  # a wrong answer's 0.1 + 0.2 against a right one's 0.3 ties: the earlier group wins
+        rows = [{"question_index": q, "final_answer": a, "correct": a == "2"} for q, order in enumerate([
+            ("1", "1", "2"), ("2", "1", "1")]) for a in order]
+        weights = [0.1, 0.2, 0.3, 0.3, 0.1, 0.2]
+    elif kind == "equal":
+        weights = [1.0] * len(rows)
+    else:  # weights of one decimal: equal sums between groups happen
+        gen = torch.Generator().manual_seed(1)
+        weights = ((torch.rand(len(rows), generator=gen) * 10).round() / 10 + 0.1).tolist()
     groups = vote_bound.Groups(rows)
-    gen = torch.Generator().manual_seed(1)
-    weights = torch.ones(3, len(rows), dtype=torch.float64) if equal else \
-        torch.rand(3, len(rows), generator=gen, dtype=torch.float64).round(decimals=1) + 0.1  # ties between sums too
-    got = groups.accuracy(weights)
-    for s in range(3):
-        by_q: dict[int, list[int]] = {}
-        for i, r in enumerate(rows):
-            by_q.setdefault(r["question_index"], []).append(i)
-        right = 0
-        for members in by_q.values():
-            v = vote([rows[i]["final_answer"] for i in members], [float(weights[s, i]) for i in members],
-                     "majority" if equal else "weighted")
-            right += v.winner_index is not None and rows[members[v.winner_index]]["correct"]
-        assert got[s].item() == pytest.approx(right / len(by_q))
+    got = groups.right_by_question(groups.sums(torch.tensor([weights], dtype=torch.float64)))[0].tolist()
+    assert got == _app_votes(rows, weights, "majority" if kind == "equal" else "weighted")
+    if kind == "rounding":
+        assert got == [0.0, 1.0]
 
 
-def test_a_better_verifier_never_votes_worse_and_the_head_learns(tmp_path):
-    path = _ranked_cache(tmp_path, signal=True)
+@pytest.mark.parametrize("signal", [True, False])
+def test_simulated_and_real_votes_and_the_learning_curve(tmp_path, signal):
+    path = _ranked_cache(tmp_path, signal=signal)
     out = tmp_path / "bound"
-    vote_bound.main([str(path), "--out", str(out), "--seeds", "16", "--weight-decay", "0.1", "--seed", "1"])
-    result = json.loads(out.with_suffix(".json").read_text())
-    sim = result["simulated"]
-    assert all(r["majority"] == pytest.approx(57.14, abs=0.01) for r in sim)  # 20 of 35, as bench.vote_rules counts
-    assert all(b["weighted_best"] >= a["weighted_best"] - 0.5 for a, b in zip(sim, sim[1:], strict=False))
-    assert sim[-1]["weighted_best"] >= 95.0  # AUC 0.98: nearly every question's right answer wins
-    assert result["auc_needed"] is not None and result["auc_needed"] <= 0.8
-    assert result["learning_curve"][-1]["auc"] > 0.9  # the hidden state says which answers are right
-    assert "AUC needed for +3.0" in out.with_suffix(".md").read_text()
+    vote_bound.main([str(path), "--out", str(out), "--seeds", "16", "--curve-seeds", "2", "--weight-decay", "0.1",
+                     "--seed", "1"])
+    r = json.loads(out.with_suffix(".json").read_text())
+    assert r["majority"] == pytest.approx(57.14, abs=0.01)  # 20 of 35, as bench.vote_rules counts
+    sim = r["simulated"]
+    for family in ("exp", "llr"):
+        assert all(b[family] >= a[family] - 0.5 for a, b in zip(sim, sim[1:], strict=False))  # better never worse
+        assert sim[-1][family] >= 95.0  # AUC 0.98: nearly every question's right answer wins
+    assert r["auc_needed"]["exp"] is not None and r["auc_needed"]["llr"] is not None
+    real, curve = r["real_scores"]["head"], r["learning_curve"]
+    assert set(r["real_scores"]) == {"head", "logprob_mean", "logprob_lowest"}
+    assert real["majority"] == pytest.approx(57.14, abs=0.01)
+    assert [c["questions"] for c in curve] == [25, 28]  # folds of 28 training questions: one subset, then all
+    if signal:  # the hidden state says which answers are right, out of fold too
+        assert real["auc"] > 0.9 and curve[-1]["auc"] > 0.9
+        assert real["llr"]["out_of_fold"] >= 90.0 and real["exp"]["out_of_fold"] >= 90.0
+    else:  # noise: no ranking inside a question, and nothing to vote on beyond the count
+        assert real["auc"] < 0.7 and all(c["auc"] < 0.7 for c in curve)
+        assert real["exp"]["out_of_fold"] <= real["majority"] + 12.0
+    assert "Smallest AUC (0.01 steps)" in out.with_suffix(".md").read_text()
+
+
+def test_the_line_through_the_learning_curve():
+    curve = [{"questions": q, "auc": 0.5 + 0.02 * i} for i, q in enumerate((25, 50, 100, 200, 400))]
+    line = vote_bound.extrapolate(curve, 0.60)
+    assert line["all"]["per_doubling"] == pytest.approx(0.02)
+    assert line["all"]["questions_needed"] == pytest.approx(25 * 2 ** 5)
+    assert line["last_three"]["questions_needed"] == pytest.approx(800)
+    flat = [{"questions": q, "auc": 0.6} for q in (25, 50, 100)]
+    assert vote_bound.extrapolate(flat, 0.75)["all"]["questions_needed"] is None
+    slow = [{"questions": 25, "auc": 0.6}, {"questions": 50, "auc": 0.600001}]
+    assert vote_bound.extrapolate(slow, 0.99)["all"]["questions_needed"] is None  # no overflow on a near-flat line
+    assert vote_bound.extrapolate(curve, None) is None
