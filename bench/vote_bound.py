@@ -5,7 +5,8 @@ Two families of vote rules, each answer group of a question scored and the top g
 first, as core.reasoning.voting.vote breaks them):
 - `exp`: the sum of exp(τ·s) over the group's samples (τ = 0 is majority, a large τ the best single sample);
 - `llr`: α·log(count) + β·Σs + γ·count, a prior on the group's size plus each sample's log-likelihood ratio
-  (for scores drawn as below, β = Δ and γ = −Δ²/2 make it the posterior log-odds that the group is right).
+  (for scores drawn as below, β = Δ and γ = −Δ²/2 make it the log posterior that the group is right, up to a
+  per-question constant: the same winner).
 
 Part 1 (simulated verifiers on the real samples). The samples, their answers and whether each is right stay as
 sampled; only the score is drawn, s = Δ·right + N(0, 1), so that a right answer outscores a wrong one of its question
@@ -17,9 +18,10 @@ family's best vote is `--margin` points above majority.
 Part 2 (the real head). The hidden-state head (`core.training.heads`, its L2 chosen by cross-validation) scores every
 sample out of fold (5 folds by question); both families vote on those logits with parameters chosen in-sample (what
 the scores could give at best) and out of fold (each fold's parameters chosen on the other folds' questions: a rule one
-could ship). Then the learning curve: each fold's head fitted on `m` of its training questions drawn at random
-(`--curve-seeds` draws), within-question AUC of the out-of-fold scores by m, and a straight line in log2(m) for the
-questions it would take to reach Part 1's AUC.
+could ship; the logits themselves come from heads whose training folds include the other folds' questions, and the L2
+was chosen on all of them, so it is slightly optimistic). Then the learning curve: each fold's head fitted on `m` of
+its training questions drawn at random (`--curve-seeds` draws), within-question AUC of the out-of-fold scores by m,
+and a straight line in log2(m) for the questions it would take to reach Part 1's AUC.
 
 `python -m bench.vote_bound F --candidates F.candidates.jsonl --out PREFIX` (F: a features cache of `ponder train
 verifier`), writes PREFIX.json and PREFIX.md.
@@ -148,25 +150,30 @@ def real_votes(groups: Groups, logits: torch.Tensor, rows: list[dict], seed: int
 
 def learning_curve(data: dict, weight_decay: float, seed: int, draws: int) -> list[dict]:
     """Part 2b: the out-of-fold within-question AUC when each fold's head sees m random training questions (mean and
-    range over `draws` draws; one draw where m takes every training question)."""
+    range over `draws` draws, each with its own starting weights), and once with every training question of each fold
+    (reported at their mean number)."""
     x, y, groups = data["x"], data["y"], data["groups"]
     folds = list(question_folds(groups, 5, seed))
-    smallest = min(len({int(groups[i]) for i in tr}) for tr, _ in folds)
+    sizes = [len({int(groups[i]) for i in tr}) for tr, _ in folds]
+    smallest = min(sizes)
     out = []
-    for m in [m for m in SUBSETS if m < smallest] + [smallest]:
+    for m in [m for m in SUBSETS if m < smallest] + [None]:  # None: every training question of each fold
+        last = m is None
         aucs = []
-        for draw in range(draws if m < smallest else 1):
+        for draw in range(1 if last else draws):
             scores = torch.zeros(len(y))
             for k, (tr, va) in enumerate(folds):
                 questions = sorted({int(groups[i]) for i in tr})
-                kept = set(random.Random(1000 * draw + k).sample(questions, m))
+                kept = set(questions) if last else set(random.Random(1000 * draw + k).sample(questions, m))
                 keep = torch.tensor([i for i in tr if int(groups[i]) in kept])
+                torch.manual_seed(seed + 1000 * draw + k)  # the head's starting weights (fit_head seeds only its fit)
                 head = fit_head(VerifierHead(x.shape[1]), x[keep], y[keep], epochs=300, lr=VERIFIER_LR,
                                 weight_decay=weight_decay, seed=seed)
                 with torch.no_grad():
                     scores[va] = head(x[va]).float()
             aucs.append(within_question_auc(scores, y, groups))
-        out.append({"questions": m, "auc": round(sum(aucs) / len(aucs), 4), "low": min(aucs), "high": max(aucs)})
+        out.append({"questions": sum(sizes) / len(sizes) if last else m, "auc": round(sum(aucs) / len(aucs), 4),
+                    "low": min(aucs), "high": max(aucs)})
     return out
 
 
@@ -183,7 +190,8 @@ def extrapolate(curve: list[dict], target_auc: float | None) -> dict | None:
         a = my - b * mx
         doublings = None if b <= 1e-6 else (target_auc - a) / b
         need = None if doublings is None or doublings > 40 else 2 ** doublings  # 2^40: no data set holds that
-        return {"intercept": round(a, 4), "per_doubling": round(b, 4), "questions_needed": need}
+        return {"intercept": round(a, 4), "per_doubling": round(b, 4), "questions_needed": need,
+                "beyond": doublings is not None and doublings > 40}
 
     return {"all": fit(pts), "last_three": fit(pts[-3:]) if len(pts) >= 3 else None}
 
@@ -197,6 +205,7 @@ def run(cache: Path, candidates: Path | None, margin: float, seeds: int, weight_
     x, y, g = data["x"], data["y"], data["groups"]
     if weight_decay is None:
         weight_decay, _ = pick_weight_decay(x, y, g, x.shape[1], seed=seed)
+    torch.manual_seed(seed)  # the heads' starting weights: fit_head seeds only their fit
     logits = oof_logits(x, y, g, x.shape[1], weight_decay, seed=seed)
     sources = {"head": logits}
     if "extras" in data:  # DeepConf's confidences: the mean and the lowest-window token log-prob
@@ -235,8 +244,9 @@ def markdown(r: dict) -> str:
             lines.append(f"| {name} | {real['auc']} | `{family}` | {f['in_sample_params']} | {f['in_sample']}% | "
                          f"{f['fold_params']} | {f['out_of_fold']}% |")
     lines += ["", "The head's out-of-fold within-question AUC by the training questions each fold's head saw (random "
-              "draws; mean, low, high):", "", "| questions | AUC | low | high |", "|---:|---:|---:|---:|"]
-    lines += [f"| {c['questions']} | {c['auc']} | {c['low']} | {c['high']} |" for c in r["learning_curve"]]
+              "draws; mean, low, high; the last row: every training question of each fold, their mean number):", "",
+              "| questions | AUC | low | high |", "|---:|---:|---:|---:|"]
+    lines += [f"| {c['questions']:g} | {c['auc']} | {c['low']} | {c['high']} |" for c in r["learning_curve"]]
     if r["line"]:
         sec = r["collection_seconds_per_question"]
         for name, line in r["line"].items():
@@ -246,7 +256,8 @@ def markdown(r: dict) -> str:
             cost = "" if n is None or sec is None else f", ~{n * sec / 3600:.0f} h at the collection's {sec:.1f} s a question"
             lines.append(f"- line through {'every point' if name == 'all' else 'the last three points'}: "
                          f"{line['per_doubling']:+} a doubling; the smaller AUC above at "
-                         + ("no number of questions" if n is None else f"~{n:,.0f} questions{cost}") + ".")
+                         + (("more than 2^40 questions" if line["beyond"] else "no number of questions") if n is None
+                            else f"~{n:,.0f} questions{cost}") + ".")
     return "\n".join(lines) + "\n"
 
 

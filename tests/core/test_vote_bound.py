@@ -35,7 +35,7 @@ def _app_votes(rows: list[dict], weights: list[float], method: str) -> list[floa
     return out
 
 
-@pytest.mark.parametrize("kind", ["equal", "random", "rounding"])
+@pytest.mark.parametrize("kind", ["equal", "random", "rounding", "negative"])
 def test_the_vectorised_vote_picks_what_the_app_picks_question_by_question(kind):
     rows = _rows()
     if kind == "rounding":  # a wrong answer's 0.1 + 0.2 against a right one's 0.3 ties: the earlier group wins
@@ -44,9 +44,11 @@ def test_the_vectorised_vote_picks_what_the_app_picks_question_by_question(kind)
         weights = [0.1, 0.2, 0.3, 0.3, 0.1, 0.2]
     elif kind == "equal":
         weights = [1.0] * len(rows)
-    else:  # weights of one decimal: equal sums between groups happen
+    else:  # weights of one decimal: equal sums between groups happen; "negative": all below zero (`llr` scores are)
         gen = torch.Generator().manual_seed(1)
         weights = ((torch.rand(len(rows), generator=gen) * 10).round() / 10 + 0.1).tolist()
+        if kind == "negative":
+            weights = [w - 2.0 for w in weights]
     groups = vote_bound.Groups(rows)
     got = groups.right_by_question(groups.sums(torch.tensor([weights], dtype=torch.float64)))[0].tolist()
     assert got == _app_votes(rows, weights, "majority" if kind == "equal" else "weighted")
@@ -81,13 +83,26 @@ def test_simulated_and_real_votes_and_the_learning_curve(tmp_path, signal):
 
 
 def test_the_line_through_the_learning_curve():
-    curve = [{"questions": q, "auc": 0.5 + 0.02 * i} for i, q in enumerate((25, 50, 100, 200, 400))]
-    line = vote_bound.extrapolate(curve, 0.60)
-    assert line["all"]["per_doubling"] == pytest.approx(0.02)
-    assert line["all"]["questions_needed"] == pytest.approx(25 * 2 ** 5)
+    bent = [{"questions": q, "auc": a} for q, a in zip((25, 50, 100, 200, 400), (0.50, 0.56, 0.60, 0.61, 0.62),
+                                                       strict=True)]
+    line = vote_bound.extrapolate(bent, 0.63)
+    assert line["last_three"]["per_doubling"] == pytest.approx(0.01)  # 0.60, 0.61, 0.62: the flattened end
     assert line["last_three"]["questions_needed"] == pytest.approx(800)
+    assert line["all"]["per_doubling"] == pytest.approx(0.029)  # least squares through all five
+    assert line["all"]["questions_needed"] < line["last_three"]["questions_needed"]
     flat = [{"questions": q, "auc": 0.6} for q in (25, 50, 100)]
     assert vote_bound.extrapolate(flat, 0.75)["all"]["questions_needed"] is None
-    slow = [{"questions": 25, "auc": 0.6}, {"questions": 50, "auc": 0.600001}]
-    assert vote_bound.extrapolate(slow, 0.99)["all"]["questions_needed"] is None  # no overflow on a near-flat line
-    assert vote_bound.extrapolate(curve, None) is None
+    assert not vote_bound.extrapolate(flat, 0.75)["all"]["beyond"]
+    slow = [{"questions": 25, "auc": 0.6}, {"questions": 50, "auc": 0.60001}]  # 1e-5 a doubling: 2^39,000 questions
+    assert vote_bound.extrapolate(slow, 0.99)["all"]["questions_needed"] is None  # no overflow
+    assert vote_bound.extrapolate(slow, 0.99)["all"]["beyond"]
+    assert vote_bound.extrapolate(bent, None) is None
+
+
+def test_the_llr_family_scores_each_group_by_count_and_summed_score():
+    rows = [{"question_index": 0, "final_answer": a, "correct": a == "2"} for a in ("1", "1", "2")]
+    groups = vote_bound.Groups(rows)
+    scores = groups.family_scores(torch.tensor([[0.5, -1.0, 2.0]], dtype=torch.float64))
+    got = scores[("llr", 2.0, 1.0, -0.5)][0].tolist()
+    assert got == pytest.approx([2 * torch.log(torch.tensor(2.0)).item() - 0.5 - 1.0, 0 + 2.0 - 0.5])
+    assert scores[("exp", 0.0)][0].tolist() == [2.0, 1.0]  # τ = 0: the count
