@@ -91,9 +91,13 @@ class Groups:
         """(S,) share of questions whose top-scored answer group is right."""
         return self.right_by_question(scores).mean(1)
 
+    def exp_sums(self, s: torch.Tensor, t: float) -> torch.Tensor:
+        """The `exp` family at temperature t: (S, G) sums of exp(t·s), s scaled per draw (only ratios matter)."""
+        return self.sums(torch.exp(t * (s - s.max(1, keepdim=True).values)))
+
     def family_scores(self, s: torch.Tensor) -> dict[tuple, torch.Tensor]:
         """Every parameter setting of both families → its (S, G) group scores for per-sample scores s (S, N)."""
-        out = {("exp", t): self.sums(torch.exp(t * (s - s.max(1, keepdim=True).values))) for t in TEMPERATURES}
+        out = {("exp", t): self.exp_sums(s, t) for t in TEMPERATURES}
         total, log_count = self.sums(s), self.count.log()
         for a, b, c in itertools.product(ALPHAS, BETAS, GAMMAS):
             out[("llr", a, b, c)] = a * log_count + b * total + c * self.count
@@ -110,8 +114,7 @@ def simulated(groups: Groups, y: torch.Tensor, seeds: int) -> tuple[float, list[
     for auc in AUCS:
         delta = math.sqrt(2) * normal.icdf(torch.tensor(auc, dtype=torch.float64)).item()
         s = delta * y.double() + noise
-        exp = {t: float(groups.accuracy(groups.sums(torch.exp(t * (s - s.max(1, keepdim=True).values)))).mean())
-               for t in TEMPERATURES}
+        exp = {t: float(groups.accuracy(groups.exp_sums(s, t)).mean()) for t in TEMPERATURES}
         total, log_count = groups.sums(s), groups.count.log()
         llr = {a: float(groups.accuracy(a * log_count + delta * total - delta ** 2 / 2 * groups.count).mean())
                for a in ALPHAS}
@@ -131,10 +134,10 @@ def real_votes(groups: Groups, logits: torch.Tensor, rows: list[dict], seed: int
     scores = groups.family_scores(logits[None, :].double())
     per_q = {k: groups.right_by_question(v)[0] for k, v in scores.items()}
     out = {"majority": 100 * float(per_q[("exp", 0.0)].mean())}
+    qids = torch.tensor([groups.qpos[r["question_index"]] for r in rows])
     for family in ("exp", "llr"):
         keys = [k for k in per_q if k[0] == family]
         best = max(keys, key=lambda k: float(per_q[k].mean()))
-        qids = torch.tensor([groups.qpos[r["question_index"]] for r in rows])
         right = torch.zeros(groups.n_questions, dtype=torch.float64)
         chosen = []
         for tr, va in question_folds(qids, 5, seed):
