@@ -1,7 +1,9 @@
 """Token ids to streamed text: incremental detokenization and stop-string matching.
 
 Holds back text that is an incomplete UTF-8 sequence or could still grow into a stop string, so what is
-emitted never has to be taken back.
+emitted never has to be taken back. Decodes incrementally, as vLLM and TGI do: each token decodes only the ids since
+the last clean cut (from one token before it, so tokenizers that treat a leading space by context agree), not the
+whole stream again (which cost 0.1 ms a token at 512 tokens and 0.4 ms at 2,048, each row).
 """
 from __future__ import annotations
 
@@ -16,9 +18,23 @@ class TextStream:
         self.emitted = 0
         self.text = ""
         self.stopped = False
+        self._prefix = self._read = 0  # ids[:_read] decode cleanly to _clean; ids[_prefix:_read] is the context
+        self._clean = ""
 
     def _decoded(self) -> str:
-        return self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        """The text of all ids so far, an unfinished character at the end dropped."""
+        decode = self.tokenizer.decode
+        before = decode(self.ids[self._prefix:self._read], skip_special_tokens=True)
+        window = decode(self.ids[self._prefix:], skip_special_tokens=True)
+        if not window.startswith(before):  # a tokenizer whose text is not additive here: decode it all
+            self._prefix = self._read = 0
+            self._clean = ""
+            before, window = "", decode(self.ids, skip_special_tokens=True)
+        if window.endswith("\ufffd"):
+            return self._clean + window[len(before):].rstrip("\ufffd")
+        self._clean += window[len(before):]
+        self._prefix, self._read = self._read, len(self.ids)
+        return self._clean
 
     def push(self, token_id: int) -> str:
         """Add a token; return the text that became final (may be empty)."""
@@ -26,7 +42,7 @@ class TextStream:
             return ""
         self.ids.append(token_id)
         # an incomplete multi-byte character at the end decodes as U+FFFD: what comes before it is final
-        self.text = text = self._decoded().rstrip("\ufffd")
+        self.text = text = self._decoded()
         found = [at for s in self.stop if (at := text.find(s, max(0, self.emitted - len(s)))) != -1]
         if found:  # the earliest stop string, whichever of them is listed first
             at = min(found)

@@ -55,3 +55,37 @@ def test_a_token_ending_inside_a_character_still_shows_and_stops_what_comes_befo
     assert plain.push(3) == "ok " and plain.flush() == "" and plain.text == "ok "  # cut inside a character
     whole = TextStream(tok)
     assert whole.push(0) + whole.push(1) + whole.push(2) + whole.flush() == "The answer is 391 \u65e5"
+
+
+def full_texts(tok, ids):
+    return [tok.decode(ids[:i + 1], skip_special_tokens=True).rstrip("\ufffd") for i in range(len(ids))]
+
+
+def test_incremental_text_equals_decoding_everything_at_every_token():
+    """Decoding only the ids since the last clean cut gives, token by token, the text a whole decode gives: on
+    the real tokenizer over mixed scripts and emoji (multi-token characters), and on byte chunks that split
+    characters across two and three tokens."""
+    text = "Résumé: 日本語のテキスト 👩‍🔬 and 391 × 2 = 782.\n\n```py\nprint('ok')\n```" * 3
+    ids = TOK(text, add_special_tokens=False)["input_ids"]
+    s = TextStream(TOK)
+    assert [s.push(t) is not None and s.text for t in ids] == full_texts(TOK, ids)
+    whole = "a\u65e5\U0001f469b".encode()
+    tok = BytesTokenizer(*[whole[i:i + 1] for i in range(len(whole))])
+    s = TextStream(tok)
+    assert [s.push(t) is not None and s.text for t in range(len(whole))] == full_texts(tok, list(range(len(whole))))
+
+
+class CleanupTokenizer:
+    """A tokenizer whose text is not the sum of its pieces' texts: it joins " '" to "'" (as
+    clean_up_tokenization_spaces does), so a piece's text depends on the piece before the one before."""
+
+    chunks = ("x", " ", "'s", " fine", " .")
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(self.chunks[i] for i in ids).replace(" '", "'").replace(" .", ".")
+
+
+def test_a_tokenizer_whose_text_is_not_additive_falls_back_to_decoding_everything():
+    tok, ids = CleanupTokenizer(), [0, 1, 2, 3, 4]
+    s = TextStream(tok)
+    assert [s.push(t) is not None and s.text for t in ids] == full_texts(tok, ids)
