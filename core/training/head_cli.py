@@ -114,9 +114,11 @@ def saved_candidates(lines: list[str], done: int) -> list[str]:
 def collect_verifier_data(engine, items, args, say) -> dict:
     """Sample (or reload) the verifier's training candidates. With --features-cache the collection is saved every
     8 questions (safetensors, written atomically) and a rerun continues where it stopped; a finished cache is
-    reused as it is. Caches from before the log-prob features hold no extras (the combiner is then skipped).
-    Beside the cache, `<cache>.candidates.jsonl` keeps every candidate's text, lengths and correctness (for
-    rejection-sampling fine-tuning and length studies), cut back to the saved questions when a run continues."""
+    reused as it is, or grows when the rerun asks for more questions (each question's samples are seeded by the
+    question, so the first ones are those a longer run would have drawn). Caches from before the log-prob
+    features hold no extras (the combiner is then skipped). Beside the cache, `<cache>.candidates.jsonl` keeps
+    every candidate's text, lengths and correctness (for rejection-sampling fine-tuning and length studies), cut
+    back to the saved questions when a run continues."""
     import os
 
     import torch
@@ -134,7 +136,8 @@ def collect_verifier_data(engine, items, args, say) -> dict:
 
         with safe_open(str(path), "pt") as f:
             meta = f.metadata() or {}
-        differ = [k for k, v in made_by.items() if (k in meta or k == "offset") and meta.get(k, "None") != v]
+        differ = [k for k, v in made_by.items() if (k in meta or k == "offset") and meta.get(k, "None") != v
+                  and not (k == "questions" and int(meta[k]) < args.questions)]  # more questions: it grows
         if differ:
             found = ", ".join(f"{k}={meta.get(k, None)}" for k in differ)
             raise SystemExit(f"ponder train verifier: {path} was collected with other {', '.join(differ)} "

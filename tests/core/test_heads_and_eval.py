@@ -108,6 +108,36 @@ def test_verifier_collection_keeps_each_candidate_once_across_a_resume(engine, t
     assert torch.equal(again["y"], whole["y"]) and [r["correct"] for r in rows] == [bool(v) for v in again["y"]]
 
 
+
+def test_a_finished_verifier_cache_grows_when_asked_for_more_questions(engine, tmp_path):
+    """A cache finished at one question continues to two when rerun with --questions 2 (each question seeded by its
+    index, so it holds what one run of two draws); asked for fewer questions than it was made with, it refuses."""
+    from argparse import Namespace
+
+    import pytest
+
+    from core.training.head_cli import candidates_path, collect_verifier_data
+
+    data = tmp_path / "q.jsonl"
+    items = [Item("What is 2+2?", "444", "gsm8k"), Item("What is 3+3?", "555", "gsm8k")]
+    cache, whole_cache = tmp_path / "grown.safetensors", tmp_path / "whole.safetensors"
+    args = dict(data=[str(data)], offset=0, samples=2, budget=4, seed=0)
+    hook = _answer_444_then_555(engine)
+    try:
+        whole = collect_verifier_data(engine, items, Namespace(**args, questions=2, features_cache=whole_cache),
+                                      lambda m: None)
+        collect_verifier_data(engine, items[:1], Namespace(**args, questions=1, features_cache=cache), lambda m: None)
+        grown = collect_verifier_data(engine, items, Namespace(**args, questions=2, features_cache=cache),
+                                      lambda m: None)
+        with pytest.raises(SystemExit, match="other questions"):
+            collect_verifier_data(engine, items[:1], Namespace(**args, questions=1, features_cache=cache),
+                                  lambda m: None)
+    finally:
+        hook.remove()
+    assert torch.equal(grown["y"], whole["y"]) and torch.equal(grown["groups"], whole["groups"])
+    rows = [json.loads(r) for r in candidates_path(cache).read_text().splitlines()]
+    assert [r["text"] for r in rows] == [json.loads(r)["text"] for r in candidates_path(whole_cache).read_text().splitlines()]
+
 def test_verifier_data_and_training(engine, tmp_path):
     """The random model is made to answer: sample row 0 writes only the digit 4, row 1 only 5 (a logit bias no CPU's
     rounding moves), so each answer's label is known: "Final answer: 444" is right for a gold 444 and wrong for
