@@ -70,11 +70,12 @@ def test_simulated_and_real_votes_and_the_learning_curve(tmp_path, signal):
         assert sim[-1][family] >= 95.0  # AUC 0.98: nearly every question's right answer wins
     assert r["auc_needed"]["exp"] is not None and r["auc_needed"]["llr"] is not None
     real, curve = r["real_scores"]["head"], r["learning_curve"]
-    assert set(r["real_scores"]) == {"head", "logprob_mean", "logprob_lowest"}
+    assert set(r["real_scores"]) == {"head", "logprob_mean", "logprob_lowest", "combiner-no-share", "combiner"}
     assert real["majority"] == pytest.approx(57.14, abs=0.01)
     assert [c["questions"] for c in curve] == [25, 28]  # folds of 28 training questions: one subset, then all
     if signal:  # the hidden state says which answers are right, out of fold too
         assert real["auc"] > 0.9 and curve[-1]["auc"] > 0.9
+        assert r["real_scores"]["combiner-no-share"]["auc"] > 0.9  # the head's logit carries into the combiners
         assert real["llr"]["out_of_fold"] >= 90.0 and real["exp"]["out_of_fold"] >= 90.0
     else:  # noise: no ranking inside a question, and nothing to vote on beyond the count
         assert real["auc"] < 0.7 and all(c["auc"] < 0.7 for c in curve)
