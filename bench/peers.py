@@ -77,7 +77,8 @@ def q4_0_gguf(gguf: Path, model_id: str) -> Path:
     return out
 
 
-def run_llama_cpp(model_id: str, tokens: int, runs: int, repack: bool, q4_0: bool = False, long: bool = True) -> dict:
+def load_llama_cpp(model_id: str, repack: bool, q4_0: bool = False):
+    """(llama_cpp.Llama on the model's GGUF, or llama.cpp's own pure Q4_0 of it, the chat prompt's ids, tokenizer)."""
     import llama_cpp
 
     from core.loading import load_tokenizer
@@ -105,21 +106,29 @@ def run_llama_cpp(model_id: str, tokens: int, runs: int, repack: bool, q4_0: boo
     llm = llama_cpp.Llama(model_path=str(gguf), n_threads=set_threads(None), n_ctx=max(LONG_PROMPTS) + 256,
                           verbose=False)
     tokenizer = load_tokenizer(m.hf_dir)
-    ids = build_prompt_ids(tokenizer, PROMPT)
-    ttfts, rates = [], []
-    for _ in range(runs + 1):
-        llm.reset()
-        t = time.perf_counter()
-        first, n = None, 0
-        for _tok in llm.generate(ids, temp=0, reset=True):
-            n += 1
-            if first is None:
-                first = time.perf_counter()
-            if n >= tokens:
-                break
-        end = time.perf_counter()
-        ttfts.append(first - t)
-        rates.append((n - 1) / (end - first))
+    return llm, build_prompt_ids(tokenizer, PROMPT), tokenizer
+
+
+def llama_cpp_once(llm, ids: list[int], tokens: int) -> tuple[float, float]:
+    """One greedy generation of `tokens` from a fresh cache: (time to first token s, decode tok/s after it)."""
+    llm.reset()
+    t = time.perf_counter()
+    first, n = None, 0
+    for _tok in llm.generate(ids, temp=0, reset=True):
+        n += 1
+        if first is None:
+            first = time.perf_counter()
+        if n >= tokens:
+            break
+    end = time.perf_counter()
+    return first - t, (n - 1) / (end - first)
+
+
+def run_llama_cpp(model_id: str, tokens: int, runs: int, repack: bool, q4_0: bool = False, long: bool = True) -> dict:
+    from core.prompting.chat_format import build_prompt_ids
+
+    llm, ids, tokenizer = load_llama_cpp(model_id, repack, q4_0)
+    ttfts, rates = zip(*(llama_cpp_once(llm, ids, tokens) for _ in range(runs + 1)), strict=True)
     out = {"ttft_s": statistics.median(ttfts[1:]), "decode_tok_s": statistics.median(rates[1:]),
            "kv_bytes_per_token": None, "prompt_tokens": len(ids), "repack": repack}
     for n in LONG_PROMPTS if long else ():
