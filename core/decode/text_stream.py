@@ -3,7 +3,8 @@
 Holds back text that is an incomplete UTF-8 sequence or could still grow into a stop string, so what is
 emitted never has to be taken back. Decodes incrementally, as vLLM and TGI do: each token decodes only the ids since
 the last clean cut (from one token before it, so tokenizers that treat a leading space by context agree), not the
-whole stream again (which cost 0.1 ms a token at 512 tokens and 0.4 ms at 2,048, each row).
+whole stream again (timed beside a sampling job on 2 cores: 8 us a token at any length, against 65 us at
+512 tokens and 286 us at 2,048 when each token decoded the whole stream, each row).
 """
 from __future__ import annotations
 

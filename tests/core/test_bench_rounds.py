@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import argparse
 
+import pytest
+
 from bench import decode
 
 
@@ -33,3 +35,41 @@ def test_rounds_interleave_the_systems_and_take_the_median_of_per_round_ratios(m
     text = decode.markdown(report)
     assert "1.100, 1.200, 0.900; **median 1.1**" in text and "50.0, 60.0, 40.0 (median 50.0)" in text
     assert "rounds" not in decode.markdown({**report, "rounds": {"decode_tok_s": {}}})  # every system failed
+
+
+def test_paired_bursts_alternate_the_order_and_split_the_ratios_by_the_bus(monkeypatch, tmp_path):
+    """bench.paired_decode: pair i runs A then B when i is even, B then A when odd; each pair's ratio is A/B; the
+    summary's halves split the pairs at the median bus read before them."""
+    from bench import machine, paired_decode
+
+    order, buses = [], iter([30.0, 31.0, 60.0, 61.0])
+    rates = {"ponder": iter([90.0, 96.0, 120.0, 130.0]), "llama_cpp_q4_0": iter([80.0, 80.0, 80.0, 80.0])}
+
+    class Worker:
+        def __init__(self, name, args):
+            self.name, self.info = name, {"system": name}
+
+        def run(self):
+            order.append(self.name)
+            return next(rates[self.name])
+
+        def close(self):
+            pass
+
+    written = {}
+    monkeypatch.setattr(paired_decode, "Worker", Worker)
+    monkeypatch.setattr(paired_decode, "bus_gb_s", lambda buf: next(buses))
+    monkeypatch.setattr(paired_decode, "BUFFER_MB", 1)
+    monkeypatch.setattr(paired_decode.time, "sleep", lambda s: None)
+    monkeypatch.setattr(paired_decode, "write_results", lambda stem, data, md, print_json=None:
+                        written.update(stem=stem, data=data, md=md))
+    assert paired_decode.main(["--pairs", "4", "--tag", "t"]) == 0
+    assert order == ["ponder", "llama_cpp_q4_0", "llama_cpp_q4_0", "ponder"] * 2
+    report = written["data"]
+    assert [p["ratio"] for p in report["pairs"]] == [1.125, 1.2, 1.5, 1.625]
+    s = report["summary"]
+    assert s["median_ratio"] == 1.35 and s["median_bus_gb_s"] == 45.5
+    assert s["slow_bus"]["pairs"] == 2 and s["slow_bus"]["median_ratio"] == pytest.approx(1.1625, abs=1e-3)
+    assert s["fast_bus"]["median_ratio"] == pytest.approx(1.5625, abs=1e-3) and s["fast_bus"]["median_ponder_tok_s"] == 125.0
+    assert written["stem"] == "paired_decode_t" and any("**Median ratio 1.35**" in line for line in written["md"])
+    assert machine.cpu_name()  # the report names its CPU
