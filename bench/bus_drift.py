@@ -1,11 +1,12 @@
 """Where a slow round loses its time: the bus's read rate beside the step, its products and the app's token, over time.
 
 `bench.decode`'s interleaved rounds of the 0.5B swing by up to 40% on this host (76-109 tok/s in one run), more than
-llama.cpp's. This samples, in one process, every few seconds for `--samples` samples: the read rate two threads
-get from memory (torch's sum over a 512 MB float32 buffer, median of 3; `bench.machine_bounds` measures the same
-in C), the step's int4 products back to back (`bench.step_gap`), the whole fused step, and `engine.generate`'s
-time a token. If the products' time follows 1/bus from sample to sample, a slow round is a slow bus: the host's,
-not the step's. Writes bench/results/bus_drift_<tag>.{json,md}.
+llama.cpp's. This samples, in one process, back to back (~1.5 s a sample on the 0.5B) for `--samples` samples: the
+read rate torch's threads (the cores) get from memory (its sum over a 512 MB float32 buffer, median of 3, before
+and after; `bench.machine_bounds` measures the same in C), the step's int4 products back to back
+(`bench.step_gap`), the whole fused step, and `engine.generate`'s time a token. If the products' time follows 1/bus
+from sample to sample, a slow round is a slow bus: the host's, not the step's. Writes
+bench/results/bus_drift_<tag>.{json,md}.
 """
 from __future__ import annotations
 

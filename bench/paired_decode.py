@@ -4,9 +4,9 @@ This host's read rate moves between phases of ~29 and ~50 GB/s that last tens of
 `bench.decode --rounds` runs each system in a process of its own, a minute apart: a round's ratio then depends on
 which phase each process met. Here both stay loaded, each in a worker process of its own (no two OpenMP runtimes
 in one process), and take turns: a pair is one greedy generation of `--tokens` tokens by each, in alternating
-order (AB, BA, ...), with the bus read between pairs (torch's sum over 512 MB, 2 threads). The ratio of a pair
-compares runs a second apart. Writes bench/results/paired_decode[_<tag>].{json,md}: every pair, the median ratio
-and its quartiles, and the medians on the pairs below and above the median bus.
+order (AB, BA, ...), with the bus read between pairs (torch's sum over 512 MB on torch's threads, the cores). The
+ratio of a pair compares runs a second apart. Writes bench/results/paired_decode[_<tag>].{json,md}: every pair, the
+median ratio and its quartiles, and the medians on the pairs at or below the median bus and above it.
 `PYTHONPATH=<a llama-cpp-python build> python -m bench.paired_decode --pairs 40 --tag amd_native`.
 """
 from __future__ import annotations
@@ -65,8 +65,13 @@ def worker(name: str, model_id: str, tokens: int, repack: bool) -> int:
     return 0
 
 
+class WorkerStopped(RuntimeError):
+    pass
+
+
 class Worker:
     def __init__(self, name: str, args):
+        self.name = name
         cmd = [sys.executable, "-m", "bench.paired_decode", "--worker", name, "--model", args.model,
                "--tokens", str(args.tokens)] + ([] if args.repack else ["--no-repack"])
         env = dict(os.environ, ATEN_CPU_CAPABILITY="avx2") if name.endswith(":avx2") else None
@@ -76,23 +81,32 @@ class Worker:
 
     def reply(self) -> dict:
         for line in self.proc.stdout:
-            if line.startswith(MARK):
-                return json.loads(line[len(MARK):])
-        raise SystemExit(f"a worker stopped (exit {self.proc.wait()})")
+            if MARK in line:  # a library's own output may share the line
+                return json.loads(line.split(MARK, 1)[1])
+        raise WorkerStopped(f"the {self.name} worker stopped (exit {self.proc.wait()})")
 
     def run(self) -> float:
-        self.proc.stdin.write("go\n")
-        self.proc.stdin.flush()
+        try:
+            self.proc.stdin.write("go\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            raise WorkerStopped(f"the {self.name} worker stopped (exit {self.proc.wait()})") from None
         return self.reply()["tok_s"]
 
     def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait()
+        try:
+            self.proc.stdin.close()
+        except BrokenPipeError:
+            pass
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
 
 
 def summary(pairs: list[dict], systems: tuple[str, str]) -> dict:
     ratios = [p["ratio"] for p in pairs]
-    q = statistics.quantiles(ratios, n=4)
+    q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
     cut = statistics.median(p["bus_gb_s"] for p in pairs)
     halves = {"slow_bus": [p for p in pairs if p["bus_gb_s"] <= cut], "fast_bus": [p for p in pairs if p["bus_gb_s"] > cut]}
     out = {"pairs": len(pairs), "median_ratio": round(statistics.median(ratios), 3),
@@ -148,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("bench.paired_decode: give two different systems")
     workers = {name: Worker(name, args) for name in systems}
     buf = torch.ones(BUFFER_MB * 2**20 // 4)
-    pairs = []
+    pairs, stopped = [], None
     try:
         for i in range(args.pairs):
             order = systems if i % 2 == 0 else systems[::-1]
@@ -159,13 +173,18 @@ def main(argv: list[str] | None = None) -> int:
             pair["ratio"] = round(pair[systems[0]] / pair[systems[1]], 4)
             pairs.append(pair)
             print(f"[{i}] {pair}", file=sys.stderr, flush=True)
+    except WorkerStopped as e:  # keep the pairs measured so far
+        stopped = str(e)
+        print(f"[bench] {stopped}; writing the {len(pairs)} pairs measured", file=sys.stderr)
     finally:
         for w in workers.values():
             w.close()
+    if not pairs:
+        raise SystemExit(f"bench.paired_decode: no pair measured ({stopped})")
     report = {"model": args.model, "machine": cpu_name(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "tokens": args.tokens, "threads": torch.get_num_threads(), "cpu_features": cpu_features(),
               "systems": systems, "workers": {k: w.info for k, w in workers.items()}, "pairs": pairs,
-              "summary": summary(pairs, systems)}
+              "summary": summary(pairs, systems), "stopped": stopped}
     write_results(f"paired_decode{'_' + args.tag if args.tag else ''}", report, markdown(report), print_json=False)
     return 0
 

@@ -7,8 +7,9 @@ products alone on its own packed weights in call order with random bf16 inputs (
 same with one or eight `torch.rms_norm` calls on 896 values after each product (`+1 op`, `+8 ops`): the cost of
 a small torch op between products, including what it does to the next product. Step minus back to back is the
 time a step loses outside the int4 kernel (Python, dispatch, the small ops). `generate` is what the app pays a
-token: 1000 / decode_tok_s of `engine.generate` (greedy, 64 tokens, median of 3), the figure `bench.decode`
-reports; generate minus step is the decode loop's own time (rows, events, text). Print only; for an AVX2 laptop emulated:
+token: 1000 / decode_tok_s of `engine.generate` (greedy, 64 tokens, median of 3), as `bench.decode` reports
+it (there with the prompt cache off, which changes the first token, not decode); generate minus step is the
+decode loop's own time (rows, events, text). Print only; for an AVX2 laptop emulated:
 `ATEN_CPU_CAPABILITY=avx2 python -m bench.step_gap > bench/results/step_gap_<cpu>.txt`.
 """
 from __future__ import annotations

@@ -20,10 +20,12 @@ sample out of fold (5 folds by question); both families vote on those logits wit
 the scores could give at best) and out of fold (each fold's parameters chosen on the other folds' questions: a rule one
 could ship; the logits themselves come from heads whose training folds include the other folds' questions, and the L2
 was chosen on all of them, so it is slightly optimistic). The same for DeepConf's two confidences and for
-`bench.vote_rules`' two combiners, out of fold (the head's calibrated logit with both confidences, and with the
-vote share as well, as the shipped verifier combines them). Then the learning curve: each fold's head fitted on `m` of
-its training questions drawn at random (`--curve-seeds` draws), within-question AUC of the out-of-fold scores by m,
-and a straight line in log2(m) for the questions it would take to reach Part 1's AUC.
+`bench.vote_rules`' two combiners, out of fold by question (the head's calibrated logit with both confidences, and
+with the vote share as well, as the shipped verifier combines them; slightly optimistic too: their L2 is chosen on
+every fold, and the head logits they learn from come from heads that saw the held-out questions). Then the
+learning curve: each fold's head fitted on `m` of its training questions drawn at random (`--curve-seeds` draws),
+within-question AUC of the out-of-fold scores by m, and a straight line in log2(m) for the questions it would take
+to reach Part 1's AUC.
 
 `python -m bench.vote_bound F --candidates F.candidates.jsonl --out PREFIX` (F: a features cache of `ponder train
 verifier`), writes PREFIX.json and PREFIX.md.
@@ -216,9 +218,9 @@ def run(cache: Path, candidates: Path | None, margin: float, seeds: int, weight_
     if "extras" in data:  # DeepConf's confidences: the mean and the lowest-window token log-prob
         sources |= {"logprob_mean": data["extras"][:, 0], "logprob_lowest": data["extras"][:, 1]}
         torch.manual_seed(seed)  # the same out-of-fold head under the combiners `bench.vote_rules` fits
-        learned, _ = learned_scores(data, rows, weight_decay, seed)
+        learned, _ = learned_scores(data, rows, weight_decay, seed, raw=True)
         for name in ("combiner-no-share", "combiner"):  # their logits: the head with the confidences (and share)
-            sources[name] = torch.logit(learned[name].double(), eps=1e-12)
+            sources[name] = learned[name]
     real = {}
     for name, score in sources.items():
         z = (score.double() - score.double().mean()) / score.double().std().clamp(min=1e-9)  # the grids' scale

@@ -56,9 +56,10 @@ def load(cache: Path, candidates: Path | None = None) -> tuple[dict, list[dict]]
     return data, rows
 
 
-def learned_scores(data: dict, rows: list[dict], weight_decay: float | None, seed: int) -> tuple[dict, dict]:
-    """Out-of-fold scores: per candidate the head's calibrated probability and the two combiners' logits; per
-    question (`answers`) its distinct answers' ranker scores."""
+def learned_scores(data: dict, rows: list[dict], weight_decay: float | None, seed: int,
+                   raw: bool = False) -> tuple[dict, dict]:
+    """Out-of-fold scores: per candidate the head's calibrated probability and the two combiners' probabilities
+    (their logits with `raw`); per question (`answers`, not with `raw`) its distinct answers' ranker scores."""
     x, y, groups, extras = data["x"], data["y"], data["groups"], data["extras"].double()
     if weight_decay is None:
         weight_decay, _ = pick_weight_decay(x, y, groups, x.shape[1], seed=seed)
@@ -70,9 +71,11 @@ def learned_scores(data: dict, rows: list[dict], weight_decay: float | None, see
                         ("combiner-no-share", torch.cat([head_logit[:, None], extras[:, :2]], 1))):
         cv = {l2: within_question_auc(oof_scores(feats, y, groups, l2, seed=seed), y, groups) or 0.0 for l2 in L2}
         l2 = max(cv, key=cv.get)
-        scores[name] = torch.sigmoid(oof_scores(feats, y, groups, l2, seed=seed))
+        combined = oof_scores(feats, y, groups, l2, seed=seed)
+        scores[name] = combined if raw else torch.sigmoid(combined)
         settings[f"{name}_l2"] = l2
-    scores["answers"], settings["answers_l2"] = answer_scores(rows, head_logit, seed)
+    if not raw:
+        scores["answers"], settings["answers_l2"] = answer_scores(rows, head_logit, seed)
     return scores, settings
 
 

@@ -114,8 +114,8 @@ def saved_candidates(lines: list[str], done: int) -> list[str]:
 def collect_verifier_data(engine, items, args, say) -> dict:
     """Sample (or reload) the verifier's training candidates. With --features-cache the collection is saved every
     8 questions (safetensors, written atomically) and a rerun continues where it stopped; a finished cache is
-    reused as it is, or grows when the rerun asks for more questions (each question's samples are seeded by the
-    question, so the first ones are those a longer run would have drawn). Caches from before the log-prob
+    reused as it is, or grows when a rerun on one data file asks for more questions (each question's samples are
+    seeded by its index, so the first ones are those a longer run would have drawn). Caches from before the log-prob
     features hold no extras (the combiner is then skipped). Beside the cache, `<cache>.candidates.jsonl` keeps
     every candidate's text, lengths and correctness (for rejection-sampling fine-tuning and length studies), cut
     back to the saved questions when a run continues."""
@@ -137,15 +137,19 @@ def collect_verifier_data(engine, items, args, say) -> dict:
         with safe_open(str(path), "pt") as f:
             meta = f.metadata() or {}
         differ = [k for k, v in made_by.items() if (k in meta or k == "offset") and meta.get(k, "None") != v
-                  and not (k == "questions" and int(meta[k]) < args.questions)]  # more questions: it grows
+                  and not (k == "questions" and int(meta[k]) < args.questions and len(args.data) == 1)]
+        # more questions of one file: it grows (with several, each file's share grows, so the order changes)
         if differ:
             found = ", ".join(f"{k}={meta.get(k, None)}" for k in differ)
             raise SystemExit(f"ponder train verifier: {path} was collected with other {', '.join(differ)} "
                              f"({found}); give another --features-cache")
         saved = load_file(str(path))
         spent = saved["seconds"].item() if "seconds" in saved else None
-        done = int(saved["done"].item()) if "done" in saved else len(items)
+        done = int(saved["done"].item()) if "done" in saved else min(len(items), int(meta.get("questions", len(items))))
         if "extras" not in saved or done >= len(items):
+            if done < len(items):
+                raise SystemExit(f"ponder train verifier: {path} holds {done} questions and cannot grow (made before "
+                                 "caches could continue); give another --features-cache")
             say(f"features: reusing {path} ({len(saved['y'])} candidates)")
             return {**saved, "seconds": spent, "extras": saved.get("extras")}
         start = {**saved, "done": done}

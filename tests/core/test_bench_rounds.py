@@ -42,7 +42,7 @@ def test_paired_bursts_alternate_the_order_and_split_the_ratios_by_the_bus(monke
     summary's halves split the pairs at the median bus read before them."""
     from bench import machine, paired_decode
 
-    order, buses = [], iter([30.0, 31.0, 60.0, 61.0])
+    order, buses = [], iter([60.0, 30.0, 61.0, 31.0])  # the halves are by bus, not by position
     rates = {"ponder": iter([90.0, 96.0, 120.0, 130.0]), "llama_cpp_q4_0": iter([80.0, 80.0, 80.0, 80.0])}
 
     class Worker:
@@ -68,8 +68,40 @@ def test_paired_bursts_alternate_the_order_and_split_the_ratios_by_the_bus(monke
     report = written["data"]
     assert [p["ratio"] for p in report["pairs"]] == [1.125, 1.2, 1.5, 1.625]
     s = report["summary"]
-    assert s["median_ratio"] == 1.35 and s["median_bus_gb_s"] == 45.5
-    assert s["slow_bus"]["pairs"] == 2 and s["slow_bus"]["median_ratio"] == pytest.approx(1.1625, abs=1e-3)
-    assert s["fast_bus"]["median_ratio"] == pytest.approx(1.5625, abs=1e-3) and s["fast_bus"]["median_ponder_tok_s"] == 125.0
+    assert s["median_ratio"] == 1.35 and s["median_bus_gb_s"] == 45.5 and report["stopped"] is None
+    assert s["quartiles"] == pytest.approx([1.144, 1.594], abs=1e-3)
+    assert s["slow_bus"]["pairs"] == 2 and s["slow_bus"]["median_ratio"] == pytest.approx(1.4125, abs=1e-3)
+    assert s["fast_bus"]["pairs"] == 2 and s["fast_bus"]["median_ratio"] == pytest.approx(1.3125, abs=1e-3)
+    assert s["fast_bus"]["median_ponder_tok_s"] == 105.0 and s["slow_bus"]["median_ponder_tok_s"] == 113.0
     assert written["stem"] == "paired_decode_t" and any("**Median ratio 1.35**" in line for line in written["md"])
     assert machine.cpu_name()  # the report names its CPU
+
+
+def test_paired_bursts_keep_the_pairs_measured_before_a_worker_stops(monkeypatch):
+    from bench import paired_decode
+
+    runs = iter([90.0, 80.0, 85.0])
+
+    class Worker:
+        def __init__(self, name, args):
+            self.name, self.info = name, {"system": name}
+
+        def run(self):
+            value = next(runs, None)
+            if value is None:
+                raise paired_decode.WorkerStopped(f"the {self.name} worker stopped (exit -9)")
+            return value
+
+        def close(self):
+            pass
+
+    written = {}
+    monkeypatch.setattr(paired_decode, "Worker", Worker)
+    monkeypatch.setattr(paired_decode, "bus_gb_s", lambda buf: 30.0)
+    monkeypatch.setattr(paired_decode, "BUFFER_MB", 1)
+    monkeypatch.setattr(paired_decode.time, "sleep", lambda s: None)
+    monkeypatch.setattr(paired_decode, "write_results", lambda stem, data, md, print_json=None: written.update(data=data))
+    assert paired_decode.main(["--pairs", "5"]) == 0
+    report = written["data"]
+    assert len(report["pairs"]) == 1 and report["pairs"][0]["ratio"] == 1.125
+    assert "stopped" in report["stopped"] and report["summary"]["quartiles"] == [1.125, 1.125]

@@ -127,11 +127,18 @@ def test_a_finished_verifier_cache_grows_when_asked_for_more_questions(engine, t
         whole = collect_verifier_data(engine, items, Namespace(**args, questions=2, features_cache=whole_cache),
                                       lambda m: None)
         collect_verifier_data(engine, items[:1], Namespace(**args, questions=1, features_cache=cache), lambda m: None)
-        grown = collect_verifier_data(engine, items, Namespace(**args, questions=2, features_cache=cache),
-                                      lambda m: None)
+        said = []
+        grown = collect_verifier_data(engine, items, Namespace(**args, questions=2, features_cache=cache), said.append)
+        assert said[0] == f"features: continuing {cache} after 1 questions"  # question 1 not sampled again
         with pytest.raises(SystemExit, match="other questions"):
             collect_verifier_data(engine, items[:1], Namespace(**args, questions=1, features_cache=cache),
                                   lambda m: None)
+        two = {**args, "data": [str(data), str(tmp_path / "r.jsonl")]}  # a longer run would reorder two files' rows
+        collect_verifier_data(engine, items, Namespace(**two, questions=2, features_cache=tmp_path / "two.st"),
+                              lambda m: None)
+        with pytest.raises(SystemExit, match="other questions"):
+            collect_verifier_data(engine, items + items, Namespace(**two, questions=4,
+                                                                   features_cache=tmp_path / "two.st"), lambda m: None)
     finally:
         hook.remove()
     assert torch.equal(grown["y"], whole["y"]) and torch.equal(grown["groups"], whole["groups"])
