@@ -26,7 +26,7 @@ from bench.bus_drift import BUFFER_MB, bus_gb_s
 from bench.machine import cpu_features, cpu_name, write_results
 
 MARK = "@@ "
-"""Prefix of a worker's reply lines (anything else a library prints is passed over)."""
+"""Marks a worker's reply, wherever it starts in a line (anything else a library prints is passed over)."""
 SYSTEMS = ("ponder", "ponder:avx2", "llama_cpp_q4_0")
 """`ponder:avx2`: Ponder in a worker whose torch and int4 kernel are held to AVX2 (ATEN_CPU_CAPABILITY=avx2)."""
 
@@ -82,7 +82,10 @@ class Worker:
     def reply(self) -> dict:
         for line in self.proc.stdout:
             if MARK in line:  # a library's own output may share the line
-                return json.loads(line.split(MARK, 1)[1])
+                try:
+                    return json.loads(line.split(MARK, 1)[1])
+                except ValueError:
+                    raise WorkerStopped(f"the {self.name} worker's reply was cut short: {line!r}") from None
         raise WorkerStopped(f"the {self.name} worker stopped (exit {self.proc.wait()})")
 
     def run(self) -> float:
@@ -102,11 +105,12 @@ class Worker:
             self.proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+            self.proc.wait()
 
 
 def summary(pairs: list[dict], systems: tuple[str, str]) -> dict:
     ratios = [p["ratio"] for p in pairs]
-    q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+    q = statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else [ratios[0]] * 3
     cut = statistics.median(p["bus_gb_s"] for p in pairs)
     halves = {"slow_bus": [p for p in pairs if p["bus_gb_s"] <= cut], "fast_bus": [p for p in pairs if p["bus_gb_s"] > cut]}
     out = {"pairs": len(pairs), "median_ratio": round(statistics.median(ratios), 3),
@@ -160,10 +164,12 @@ def main(argv: list[str] | None = None) -> int:
     systems = tuple(args.systems)
     if systems[0] == systems[1]:
         raise SystemExit("bench.paired_decode: give two different systems")
-    workers = {name: Worker(name, args) for name in systems}
-    buf = torch.ones(BUFFER_MB * 2**20 // 4)
+    workers: dict[str, Worker] = {}
     pairs, stopped = [], None
     try:
+        for name in systems:
+            workers[name] = Worker(name, args)
+        buf = torch.ones(BUFFER_MB * 2**20 // 4)
         for i in range(args.pairs):
             order = systems if i % 2 == 0 else systems[::-1]
             pair = {"order": "AB" if i % 2 == 0 else "BA", "bus_gb_s": round(bus_gb_s(buf), 2)}

@@ -145,11 +145,8 @@ def collect_verifier_data(engine, items, args, say) -> dict:
                              f"({found}); give another --features-cache")
         saved = load_file(str(path))
         spent = saved["seconds"].item() if "seconds" in saved else None
-        done = int(saved["done"].item()) if "done" in saved else min(len(items), int(meta.get("questions", len(items))))
+        done = int(saved["done"].item()) if "done" in saved else len(items)
         if "extras" not in saved or done >= len(items):
-            if done < len(items):
-                raise SystemExit(f"ponder train verifier: {path} holds {done} questions and cannot grow (made before "
-                                 "caches could continue); give another --features-cache")
             say(f"features: reusing {path} ({len(saved['y'])} candidates)")
             return {**saved, "seconds": spent, "extras": saved.get("extras")}
         start = {**saved, "done": done}
