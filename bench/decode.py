@@ -43,6 +43,14 @@ def default_system(model_id: str) -> str:
 
     return DEFAULT_SYSTEM if default_precision(model_id) == "w4-fpt" else "ponder_w4a16kv8"
 
+
+def default_config(model_id: str, **extra):
+    """The EngineConfig of `default_system(model_id)`, with `extra` fields (e.g. prompt_cache_tokens=0)."""
+    from core.config import EngineConfig
+
+    precision, kv, head_bits, group = PONDER_SYSTEMS[default_system(model_id)]
+    return EngineConfig(model_id=model_id, precision=precision, kv=kv, head_bits=head_bits, group_size=group, **extra)
+
 DEFAULT_MODEL = "qwen2.5-coder-0.5b-instruct"
 VARIANTS = {  # the default system run another way: name → what it measures
     "ponder_w4a16kv8_reason": "decode under the reasoning adapter (Reason mode's thinking tokens)",

@@ -34,16 +34,14 @@ SYSTEMS = ("ponder", "ponder:avx2", "llama_cpp_q4_0")
 def worker(name: str, model_id: str, tokens: int, repack: bool) -> int:
     """Loads `name`, warms it, then runs one generation for each line on stdin and replies with its tok/s."""
     if name.startswith("ponder"):
-        from bench.decode import PONDER_SYSTEMS, default_system
+        from bench.decode import default_config, default_system
         from bench.peers import PROMPT
-        from core.config import EngineConfig, SamplingConfig
+        from core.config import SamplingConfig
         from core.loading import load_engine
         from models import int4_kernel
         from models.int4_kernel import kernel_name
 
-        precision, kv, head_bits, group = PONDER_SYSTEMS[default_system(model_id)]
-        engine = load_engine(EngineConfig(model_id=model_id, precision=precision, kv=kv, head_bits=head_bits,
-                                          group_size=group, prompt_cache_tokens=0))
+        engine = load_engine(default_config(model_id, prompt_cache_tokens=0))
         cfg = SamplingConfig(temperature=0, repetition_penalty=1.0, max_tokens=tokens, ignore_eos=True)
 
         def once() -> float:

@@ -21,7 +21,7 @@ import time
 import torch
 
 import models.int4_kernel as ik
-from bench.decode import PONDER_SYSTEMS, default_system
+from bench.decode import default_config
 from bench.machine import cpu_name
 from bench.peers import PROMPT
 
@@ -41,14 +41,12 @@ class Timers:
     """The default engine of `model_id` and the times `main` prints, each a call returning ms (median of `n`)."""
 
     def __init__(self, model_id: str, n: int = 48):
-        from core.config import EngineConfig
         from core.loading import load_engine
         from core.prompting.chat_format import build_prompt_ids
 
-        precision, kv, head_bits, group = PONDER_SYSTEMS[default_system(model_id)]
-        self.kv, self.n = kv, n
-        self.engine = load_engine(EngineConfig(model_id=model_id, precision=precision, kv=kv, head_bits=head_bits,
-                                               group_size=group))
+        config = default_config(model_id)
+        self.kv, self.n = config.kv, n
+        self.engine = load_engine(config)
         self.fused, self.model = self.engine.fused, self.engine.model
         if self.fused is None:
             raise SystemExit("no fused decode step for this model here")

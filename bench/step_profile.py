@@ -17,7 +17,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import models.int4_kernel
-from bench.decode import DEFAULT_MODEL, PONDER_SYSTEMS, default_system, quiet_machine
+from bench.decode import DEFAULT_MODEL, default_config, quiet_machine
 from bench.machine import cpu_name
 from bench.peers import PROMPT
 
@@ -67,14 +67,13 @@ def profile_step(model_id: str, rows: int, steps: int, reasoning: bool) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from core.config import EngineConfig
     from core.decode.cache import new_cache
     from core.loading import load_engine
     from core.prompting.chat_format import build_prompt_ids
 
-    precision, kv, head_bits, group = PONDER_SYSTEMS[default_system(model_id)]
-    engine = load_engine(EngineConfig(model_id=model_id, precision=precision, kv=kv, head_bits=head_bits,
-                                      group_size=group), reasoning=reasoning)
+    config = default_config(model_id)
+    kv = config.kv
+    engine = load_engine(config, reasoning=reasoning)
     if reasoning and engine.slots.reasoning is None:
         raise SystemExit("no reasoning adapter for this model")
     model = engine.model
