@@ -17,6 +17,12 @@ every rule #39 asks to compare, on the same samples:
   lowest-window log-prob, and mean and best head logit; right or wrong as its first sample), refitted on the other
   folds, L2 by out-of-fold log-loss; the top-scoring answer wins (ties: more votes, then the earliest).
 
+With `--shipped DIR` (a saved verifier, e.g. `resources/components/<model>/verifier`) two more rows score these
+samples as the app would with that verifier, untrained on them: `shipped-head` (its calibrated head probability,
+weighted) and `shipped` (the app's rule: its combiner's probability where it has one for this temperature, else the
+head's; a head saved with `"vote": "majority"` votes by count). On samples the shipped head never saw, this is a
+held-out measure of the component as shipped.
+
 Each rule's accuracy, its within-question AUC, and its wins and losses against majority on the same questions
 are written to `--out` as JSON and Markdown. The L2 strengths are chosen by cross-validation on all questions (one
 number each; the scores themselves are out of fold). `python -m bench.vote_rules F --out PREFIX`.
@@ -46,7 +52,7 @@ def load(cache: Path, candidates: Path | None = None) -> tuple[dict, list[dict]]
     done = int(data["done"].item())
     keep = data["groups"] < done
     data = {k: (v[keep] if k in ("x", "y", "groups", "extras") else v) for k, v in data.items()}
-    data["x"] = data["x"].float()  # the committed copies hold float16 states
+    data["x"] = data["x"].float()  # caches hold bfloat16 states, older committed copies float16
     with open(candidates or f"{cache}.candidates.jsonl", encoding="utf-8") as f:
         rows = [r for r in map(json.loads, f) if r["question_index"] < done]
     if len(rows) != len(data["y"]) or any(
@@ -123,6 +129,23 @@ def answer_scores(rows: list[dict], head_logit: torch.Tensor, seed: int) -> tupl
     return ranked, l2
 
 
+def shipped_scores(data: dict, folder: Path) -> dict:
+    """The saved verifier's scores of every candidate, computed as `Engine._combine` computes them."""
+    from core.reasoning.verifier import Verifier, combined_features
+    from core.training.heads import SAMPLING_TEMPERATURE
+
+    verifier = Verifier.load(folder)
+    head = torch.tensor(verifier.scores(data["x"]), dtype=torch.float64)
+    scores = {"shipped-head": head, "shipped": head}
+    if verifier.combines(SAMPLING_TEMPERATURE):
+        scores["shipped"] = torch.tensor(verifier.combine(
+            [combined_features(float(p), *map(float, e)) for p, e in zip(head, data["extras"], strict=True)]),
+            dtype=torch.float64)
+    if verifier.vote == "majority":
+        scores["shipped"] = torch.ones_like(head)  # a count: each candidate one vote
+    return scores
+
+
 def pick(cands: list[dict], rule: str, scores: dict) -> bool:
     """Is the answer `rule` picks from one question's candidates right?"""
     answers = [c["final_answer"] for c in cands]
@@ -149,7 +172,8 @@ def compare(data: dict, rows: list[dict], scores: dict) -> dict:
     by_q: dict[int, list[dict]] = {}
     for i, r in enumerate(rows):
         by_q.setdefault(r["question_index"], []).append({**r, "_row": i})
-    right = {rule: [pick(c, rule, scores) for c in by_q.values()] for rule in RULES}
+    rules = RULES + tuple(k for k in scores if k.startswith("shipped"))
+    right = {rule: [pick(c, rule, scores) for c in by_q.values()] for rule in rules}
     n = len(by_q)
     y, groups = data["y"], data["groups"]
     aucs = {"confidence": within_question_auc(data["extras"][:, 0], y, groups),
@@ -157,7 +181,7 @@ def compare(data: dict, rows: list[dict], scores: dict) -> dict:
             "vote share": within_question_auc(data["extras"][:, 2], y, groups),
             **{k: within_question_auc(v.float(), y, groups) for k, v in scores.items() if k != "answers"}}
     table = {}
-    for rule in RULES:
+    for rule in rules:
         wins = sum(a and not b for a, b in zip(right[rule], right["majority"], strict=True))
         losses = sum(b and not a for a, b in zip(right[rule], right["majority"], strict=True))
         table[rule] = {"accuracy": round(100 * sum(right[rule]) / n, 1), "right": sum(right[rule]),
@@ -190,11 +214,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, required=True, help="output prefix (.json and .md are written)")
     ap.add_argument("--weight-decay", type=float, help="the head's L2 (default: chosen by cross-validation)")
     ap.add_argument("--seed", type=int, default=39)
+    ap.add_argument("--shipped", type=Path, help="a saved verifier folder to score as the app would (held out when "
+                                                  "it was trained on other samples)")
     args = ap.parse_args(argv)
     data, rows = load(args.cache, args.candidates)
     if "extras" not in data:
         raise SystemExit(f"{args.cache} has no log-prob / vote-share extras to compare.")
     scores, settings = learned_scores(data, rows, args.weight_decay, args.seed)
+    if args.shipped is not None:
+        scores.update(shipped_scores(data, args.shipped))
+        settings["shipped"] = str(args.shipped)
     result = {**compare(data, rows, scores), "settings": settings, "source": str(args.cache)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     Path(f"{args.out}.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")

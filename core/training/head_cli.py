@@ -111,6 +111,15 @@ def saved_candidates(lines: list[str], done: int) -> list[str]:
     return kept
 
 
+def compact(x):
+    """`x` as bfloat16 where that loses nothing (a bf16 model's hidden states: half the bytes, so a 1,000-question
+    cache of the 0.5B stays under the repository's 20 MB file limit), else unchanged."""
+    import torch
+
+    half = x.to(torch.bfloat16)
+    return half if torch.equal(half.float(), x.float()) else x
+
+
 def collect_verifier_data(engine, items, args, say) -> dict:
     """Sample (or reload) the verifier's training candidates. With --features-cache the collection is saved every
     8 questions (safetensors, written atomically) and a rerun continues where it stopped; a finished cache is
@@ -144,6 +153,7 @@ def collect_verifier_data(engine, items, args, say) -> dict:
             raise SystemExit(f"ponder train verifier: {path} was collected with other {', '.join(differ)} "
                              f"({found}); give another --features-cache")
         saved = load_file(str(path))
+        saved["x"] = saved["x"].float()  # kept as bfloat16 where that is exact (see save)
         spent = saved["seconds"].item() if "seconds" in saved else None
         done = int(saved["done"].item()) if "done" in saved else len(items)
         if "extras" not in saved or done >= len(items):
@@ -174,7 +184,7 @@ def collect_verifier_data(engine, items, args, say) -> dict:
             return
         seconds = (spent or 0.0) + time.monotonic() - started
         tmp = path.with_name(path.name + ".tmp")
-        save_file({"x": state["x"].contiguous(), "y": state["y"].contiguous(), "groups": state["groups"].contiguous(),
+        save_file({"x": compact(state["x"]).contiguous(), "y": state["y"].contiguous(), "groups": state["groups"].contiguous(),
                    "extras": state["extras"].contiguous(), "done": torch.tensor([state["done"]]),
                    "seconds": torch.tensor([seconds], dtype=torch.float64)}, str(tmp), metadata=made_by)
         os.replace(tmp, path)

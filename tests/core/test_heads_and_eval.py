@@ -142,8 +142,20 @@ def test_a_finished_verifier_cache_grows_when_asked_for_more_questions(engine, t
     finally:
         hook.remove()
     assert torch.equal(grown["y"], whole["y"]) and torch.equal(grown["groups"], whole["groups"])
+    assert grown["x"].dtype == torch.float32 and torch.equal(grown["x"], whole["x"].float())
     rows = [json.loads(r) for r in candidates_path(cache).read_text().splitlines()]
     assert [r["text"] for r in rows] == [json.loads(r)["text"] for r in candidates_path(whole_cache).read_text().splitlines()]
+
+def test_a_verifier_cache_keeps_states_in_bfloat16_only_where_exact():
+    """The cache halves its states' bytes when they are bf16 values (a bf16 model's), and keeps any others."""
+    from core.training.head_cli import compact
+
+    exact = torch.randn(5, 8).bfloat16().float()
+    assert compact(exact).dtype == torch.bfloat16 and torch.equal(compact(exact).float(), exact)
+    finer = exact.clone()
+    finer[2, 3] += 2 ** -20
+    assert compact(finer) is finer
+
 
 def test_verifier_data_and_training(engine, tmp_path):
     """The random model is made to answer: sample row 0 writes only the digit 4, row 1 only 5 (a logit bias no CPU's
