@@ -20,8 +20,8 @@ every rule #39 asks to compare, on the same samples:
 With `--shipped DIR` (a saved verifier, e.g. `resources/components/<model>/verifier`) two more rows score these
 samples as the app would with that verifier, untrained on them: `shipped-head` (its calibrated head probability,
 weighted) and `shipped` (the app's rule: its combiner's probability where it has one for this temperature, else the
-head's; a head saved with `"vote": "majority"` votes by count). On samples the shipped head never saw, this is a
-held-out measure of the component as shipped.
+head's; a head saved with `"vote": "majority"` votes by count, so for it the `majority` row is the app's). On
+samples the shipped head never saw, this is a held-out measure of the component as shipped.
 
 Each rule's accuracy, its within-question AUC, and its wins and losses against majority on the same questions
 are written to `--out` as JSON and Markdown. The L2 strengths are chosen by cross-validation on all questions (one
@@ -141,8 +141,8 @@ def shipped_scores(data: dict, folder: Path) -> dict:
         scores["shipped"] = torch.tensor(verifier.combine(
             [combined_features(float(p), *map(float, e)) for p, e in zip(head, data["extras"], strict=True)]),
             dtype=torch.float64)
-    if verifier.vote == "majority":
-        scores["shipped"] = torch.ones_like(head)  # a count: each candidate one vote
+    if verifier.vote == "majority":  # the app votes by count: its rule is the `majority` row
+        del scores["shipped"]
     return scores
 
 

@@ -71,3 +71,21 @@ def fit_combiner(x: torch.Tensor, y: torch.Tensor, groups: torch.Tensor, seed: i
             "within_question_auc_alone": alone, "n": len(y),
             "note": "logistic regression on standardised features; AUCs among each question's own candidates, "
                     "the combiner's out of fold by question (5 folds), each input's as it stands"}
+
+
+def vote_accuracy(answers: list[str | None], y: torch.Tensor, groups: torch.Tensor,
+                  weights: torch.Tensor | None = None) -> float:
+    """Share of questions whose vote over their own candidates picks a right one: weighted by `weights` (the app's
+    weighted vote) or, without them, a plain count. The measure a vote rule is chosen by: a score's within-question
+    AUC does not say what it adds to a vote that already counts agreement."""
+    from core.reasoning.voting import vote
+
+    by_question: dict[int, list[int]] = {}
+    for i, g in enumerate(groups.tolist()):
+        by_question.setdefault(g, []).append(i)
+    right = 0
+    for rows in by_question.values():
+        result = vote([answers[i] for i in rows], None if weights is None else [float(weights[i]) for i in rows],
+                      "majority" if weights is None else "weighted")
+        right += result.winner_index is not None and bool(y[rows[result.winner_index]])
+    return round(right / len(by_question), 4) if by_question else 0.0

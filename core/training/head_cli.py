@@ -88,7 +88,7 @@ def main(argv: list[str]) -> int:
                   "sampling_seconds": None if sampling_seconds is None else round(sampling_seconds)}
         metrics = train_verifier(x, y, groups, args.out, hidden_size=x.shape[1], model_id=engine.model_id,
                                  precision=engine.precision, seed=args.seed, source=source,
-                                 extras=data.get("extras"))
+                                 extras=data.get("extras"), answers=data.get("answers"))
     print(json.dumps(metrics))
     return 0
 
@@ -158,11 +158,16 @@ def collect_verifier_data(engine, items, args, say) -> dict:
         done = int(saved["done"].item()) if "done" in saved else len(items)
         if "extras" not in saved or done >= len(items):
             say(f"features: reusing {path} ({len(saved['y'])} candidates)")
-            return {**saved, "seconds": spent, "extras": saved.get("extras")}
+            return {**saved, "seconds": spent, "extras": saved.get("extras"),
+                    "answers": sidecar_answers(path, len(saved["y"]))}
         start = {**saved, "done": done}
         say(f"features: continuing {path} after {done} questions")
     started = time.monotonic()
-    record = None
+    answers: list[str | None] = []
+
+    def record(k, item, rows) -> None:  # without a cache the answers are kept in memory
+        answers.extend(r["final_answer"] for r in rows)
+
     if path is not None:
         sidecar = candidates_path(path)
         lines = sidecar.read_text(encoding="utf-8").splitlines() if sidecar.is_file() else []
@@ -191,4 +196,15 @@ def collect_verifier_data(engine, items, args, say) -> dict:
 
     data = verifier_data(engine, items, samples=args.samples, budget=args.budget, seed=args.seed, report=say,
                          start=start, save=save, record=record)
-    return {**data, "seconds": (spent or 0.0) + time.monotonic() - started}
+    return {**data, "seconds": (spent or 0.0) + time.monotonic() - started,
+            "answers": answers if path is None else sidecar_answers(path, len(data["y"]))}
+
+
+def sidecar_answers(path: Path, n: int) -> list[str | None] | None:
+    """Each candidate's final answer from `<cache>.candidates.jsonl`, or None when it does not hold all `n` (a
+    cache written before the sidecar was kept): the vote rule is then chosen without votes."""
+    sidecar = candidates_path(path)
+    if not sidecar.is_file():
+        return None
+    answers = [json.loads(line)["final_answer"] for line in sidecar.read_text(encoding="utf-8").splitlines() if line]
+    return answers if len(answers) == n else None

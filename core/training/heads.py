@@ -282,10 +282,14 @@ def platt_scaling(logits: torch.Tensor, y: torch.Tensor, steps: int = 200) -> di
 
 def train_verifier(x: torch.Tensor, y: torch.Tensor, groups: torch.Tensor, out: Path, *, hidden_size: int,
                    model_id: str, precision: str, seed: int = 0, val_share: float = 0.2,
-                   source: dict | None = None, extras: torch.Tensor | None = None) -> dict:
+                   source: dict | None = None, extras: torch.Tensor | None = None,
+                   answers: list[str | None] | None = None) -> dict:
     """Fit on the training questions (L2 picked by cross-validation), report on held-out questions, save. With
     `extras` (N, 3: mean and lowest-window log-prob, vote share) a combiner is fitted on them and the head's
-    calibrated out-of-fold logit, and saved when it ranks a question's answers better than the head alone."""
+    calibrated out-of-fold logit. With each candidate's final answer (`answers`) the saved vote rule is the one
+    whose out-of-fold vote is right most often: majority, weighted by the head, or weighted by the combiner (each
+    kept only when strictly better than the simpler ones); without them the combiner is kept when it ranks a
+    question's answers better than the head alone."""
     tr, va = group_split(groups, val_share, seed)
     wd, cv = pick_weight_decay(x[tr], y[tr], groups[tr], hidden_size, seed=seed)
     head = fit_head(VerifierHead(hidden_size), x[tr], y[tr], epochs=300, lr=VERIFIER_LR, weight_decay=wd, seed=seed)
@@ -302,12 +306,16 @@ def train_verifier(x: torch.Tensor, y: torch.Tensor, groups: torch.Tensor, out: 
         from core.training.combiner import fit_combiner
 
         cal = metrics["calibration"]
-        combiner = fit_combiner(torch.cat([(logits * cal["scale"] + cal["shift"])[:, None], extras.float()], 1),
-                                y, groups, seed=seed)
+        combined = torch.cat([(logits * cal["scale"] + cal["shift"])[:, None], extras.float()], 1)
+        combiner = fit_combiner(combined, y, groups, seed=seed)
         head_auc = metrics["within_question_auc_oof"]["auc"] or 0.0
         combiner["temperature"] = (source or {}).get("temperature", SAMPLING_TEMPERATURE)
         # kept only when clearly better: its AUC is the best of a few L2 strengths, which flatters it a little
         combiner["kept"] = combiner["within_question_auc_oof"] >= head_auc + KEEP_MARGIN
+        if answers is not None:
+            chosen = pick_vote(answers, y, groups, torch.sigmoid(logits * cal["scale"] + cal["shift"]), combined,
+                               combiner, seed=seed)
+            config["vote"], metrics["vote_oof"] = chosen["vote"], chosen["vote_oof"]
         metrics["combiner_fit"] = {k: v for k, v in combiner.items() if k not in ("mean", "std", "coef", "intercept")}
         if combiner["kept"]:
             config["combiner"] = combiner
@@ -315,3 +323,20 @@ def train_verifier(x: torch.Tensor, y: torch.Tensor, groups: torch.Tensor, out: 
                           **metrics, **config,
                           "trained_on": source or {}})
     return metrics
+
+
+def pick_vote(answers: list[str | None], y: torch.Tensor, groups: torch.Tensor, head_p: torch.Tensor,
+              combined: torch.Tensor, combiner: dict, seed: int = 0) -> dict:
+    """The vote rule to save, by out-of-fold vote accuracy: {"vote": ..., "vote_oof": accuracies}; sets
+    combiner["kept"]. The head's probabilities are out of fold; the combiner is refitted on the other folds at its
+    chosen L2."""
+    from core.training.combiner import oof_scores, vote_accuracy
+
+    combined_p = torch.sigmoid(oof_scores(combined.double(), y, groups, combiner["l2"], seed=seed))
+    votes = {"majority": vote_accuracy(answers, y, groups), "head": vote_accuracy(answers, y, groups, head_p),
+             "combiner": vote_accuracy(answers, y, groups, combined_p)}
+    combiner["kept"] = votes["combiner"] > votes["head"]
+    weighted = max(votes["head"], votes["combiner"])
+    return {"vote": "weighted" if weighted > votes["majority"] else "majority",
+            "vote_oof": {**votes, "note": "share of questions each rule's vote gets right, every score out of fold "
+                                          "by question; the saved rule is the best, a simpler one on ties"}}

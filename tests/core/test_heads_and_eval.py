@@ -143,6 +143,12 @@ def test_a_finished_verifier_cache_grows_when_asked_for_more_questions(engine, t
         hook.remove()
     assert torch.equal(grown["y"], whole["y"]) and torch.equal(grown["groups"], whole["groups"])
     assert grown["x"].dtype == torch.float32 and torch.equal(grown["x"], whole["x"].float())
+    from safetensors.torch import load_file
+
+    assert load_file(str(cache))["x"].dtype == torch.bfloat16  # the tiny bf16 model's states are bf16 values
+    reused = collect_verifier_data(engine, items, Namespace(**args, questions=2, features_cache=cache), said.append)
+    assert said[-1].startswith("features: reusing") and reused["x"].dtype == torch.float32
+    assert reused["answers"] == [json.loads(r)["final_answer"] for r in candidates_path(cache).read_text().splitlines()]
     rows = [json.loads(r) for r in candidates_path(cache).read_text().splitlines()]
     assert [r["text"] for r in rows] == [json.loads(r)["text"] for r in candidates_path(whole_cache).read_text().splitlines()]
 
@@ -150,11 +156,41 @@ def test_a_verifier_cache_keeps_states_in_bfloat16_only_where_exact():
     """The cache halves its states' bytes when they are bf16 values (a bf16 model's), and keeps any others."""
     from core.training.head_cli import compact
 
-    exact = torch.randn(5, 8).bfloat16().float()
+    exact = torch.randn(5, 8, generator=torch.Generator().manual_seed(0)).bfloat16().float()
     assert compact(exact).dtype == torch.bfloat16 and torch.equal(compact(exact).float(), exact)
     finer = exact.clone()
-    finer[2, 3] += 2 ** -20
+    finer[2, 3] = 1.0 + 2 ** -20
     assert compact(finer) is finer
+
+
+def test_vote_accuracy_counts_or_weighs_each_questions_candidates():
+    """Question 0: "1" twice (wrong), "2" once (right); question 1: "3" twice (right), "4" once (wrong)."""
+    from core.training.combiner import vote_accuracy
+
+    answers, y, groups = ["1", "1", "2", "3", "4", "3"], torch.tensor([0., 0, 1, 1, 0, 1]), torch.tensor([0, 0, 0, 1, 1, 1])
+    assert vote_accuracy(answers, y, groups) == 0.5  # the count: question 1 only
+    assert vote_accuracy(answers, y, groups, torch.tensor([.1, .1, .9, .1, .9, .1])) == 0.5  # question 0 only
+    assert vote_accuracy(answers, y, groups, y + 0.01) == 1.0
+
+
+def test_the_saved_vote_rule_is_the_one_whose_out_of_fold_vote_wins():
+    """With a right answer outvoted 3 to 1 in every question a perfect head's weighted vote wins and a constant
+    combiner (a count, no better) is not kept; with the right answer in the majority and a head that prefers the
+    wrong one, the plain count is saved."""
+    from core.training.heads import pick_vote
+
+    groups = torch.arange(20).repeat_interleave(4)
+    constant = torch.zeros(80, 4)
+    y = torch.tensor([1., 0, 0, 0]).repeat(20)
+    answers = ["7", "5", "5", "5"] * 20
+    chosen = pick_vote(answers, y, groups, y * 0.98 + 0.01, constant, combiner := {"l2": 1.0})
+    assert chosen["vote"] == "weighted" and not combiner["kept"]
+    assert chosen["vote_oof"]["majority"] == 0.0 and chosen["vote_oof"]["head"] == 1.0
+    y = 1 - y
+    answers = ["5", "7", "7", "7"] * 20
+    chosen = pick_vote(answers, y, groups, 1 - y * 0.98 - 0.01, constant, combiner := {"l2": 1.0})
+    assert chosen["vote"] == "majority"
+    assert chosen["vote_oof"]["majority"] == 1.0 and chosen["vote_oof"]["head"] == 0.0
 
 
 def test_verifier_data_and_training(engine, tmp_path):
@@ -188,11 +224,15 @@ def test_verifier_data_and_training(engine, tmp_path):
     assert all(r["vote_share"] == 0.5 and r["thinking_tokens"] >= 1 and r["text"] for r in recorded)
     assert not torch.equal(x[0], x[1])  # each answer's own hidden state, not one row per question
     metrics = train_verifier(x, y, groups, tmp_path / "v", hidden_size=128, model_id="tiny", precision="bf16",
-                             extras=extras)
+                             extras=extras, answers=[r["final_answer"] for r in recorded])
     assert metrics["n_train"] + metrics["n_val"] == 4
-    # the combiner is fitted and reported; it is saved only when it ranks better than the head alone
+    # the combiner is fitted and reported; it is saved only when its out-of-fold vote beats the head's
     saved = json.loads((tmp_path / "v" / "head.json").read_text())
     assert metrics["combiner_fit"]["n"] == 4 and ("combiner" in saved) == metrics["combiner_fit"]["kept"]
+    votes = saved["vote_oof"]
+    assert votes == metrics["vote_oof"] and set(votes) == {"majority", "head", "combiner", "note"}
+    assert metrics["combiner_fit"]["kept"] == (votes["combiner"] > votes["head"])
+    assert saved["vote"] == ("weighted" if max(votes["head"], votes["combiner"]) > votes["majority"] else "majority")
     assert metrics["within_question_auc_oof"]["questions_with_both"] == 2
     verifier = Verifier.load(tmp_path / "v")
     assert verifier.config["calibration"] == metrics["calibration"]

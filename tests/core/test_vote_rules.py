@@ -49,6 +49,33 @@ def test_head_out_of_fold_beats_majority_where_the_hidden_state_knows(tmp_path):
     assert "| head |" in out.with_suffix(".md").read_text()
 
 
+def test_a_shipped_verifier_is_scored_as_the_app_votes_with_it(tmp_path):
+    """--shipped: a head saved by `train_verifier` on other samples votes these as the app would: weighted by its
+    calibrated probability (or its combiner's); a head saved with `"vote": "majority"` has no row of its own."""
+    from core.reasoning.verifier import Verifier
+    from core.training.heads import train_verifier
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    train, train_rows = _cache(tmp_path / "a", questions=30)
+    data, _ = vote_rules.load(train)
+    train_verifier(data["x"], data["y"], data["groups"], tmp_path / "v", hidden_size=16, model_id="t", precision="bf16",
+                   extras=data["extras"], answers=[r["final_answer"] for r in train_rows])
+    assert json.loads((tmp_path / "v" / "head.json").read_text())["vote"] == "weighted"
+    path, _ = _cache(tmp_path / "b")  # the same kind of samples, others drawn
+    held, _ = vote_rules.load(path)
+    scores = vote_rules.shipped_scores(held, tmp_path / "v")
+    torch.testing.assert_close(scores["shipped-head"], torch.tensor(Verifier.load(tmp_path / "v").scores(held["x"]),
+                                                                    dtype=torch.float64))
+    out = tmp_path / "rules"
+    vote_rules.main([str(path), "--out", str(out), "--weight-decay", "0.1", "--shipped", str(tmp_path / "v")])
+    rules = json.loads(out.with_suffix(".json").read_text())["rules"]
+    assert rules["majority"]["accuracy"] == 0.0 and rules["shipped-head"]["accuracy"] >= 90.0 and "shipped" in rules
+    config = json.loads((tmp_path / "v" / "head.json").read_text())
+    (tmp_path / "v" / "head.json").write_text(json.dumps({**config, "vote": "majority"}))
+    assert set(vote_rules.shipped_scores(held, tmp_path / "v")) == {"shipped-head"}
+
+
 def test_a_candidates_file_of_other_samples_is_refused(tmp_path):
     path, rows = _cache(tmp_path, questions=3)
     rows[5]["correct"] = not rows[5]["correct"]
