@@ -124,7 +124,8 @@ def collect_verifier_data(engine, items, args, say) -> dict:
     """Sample (or reload) the verifier's training candidates. With --features-cache the collection is saved every
     8 questions (safetensors, written atomically) and a rerun continues where it stopped; a finished cache is
     reused as it is, or grows when a rerun on one data file asks for more questions (each question's samples are
-    seeded by its index, so the first ones are those a longer run would have drawn). Caches from before the log-prob
+    seeded by its index, so the first ones are those a longer run would have drawn); a rerun asking for fewer
+    questions than a cache holds reads its first ones (what a run of that many draws). Caches from before the log-prob
     features hold no extras (the combiner is then skipped). Beside the cache, `<cache>.candidates.jsonl` keeps
     every candidate's text, lengths and correctness (for rejection-sampling fine-tuning and length studies), cut
     back to the saved questions when a run continues."""
@@ -146,8 +147,9 @@ def collect_verifier_data(engine, items, args, say) -> dict:
         with safe_open(str(path), "pt") as f:
             meta = f.metadata() or {}
         differ = [k for k, v in made_by.items() if (k in meta or k == "offset") and meta.get(k, "None") != v
-                  and not (k == "questions" and int(meta[k]) < args.questions and len(args.data) == 1)]
-        # more questions of one file: it grows (with several, each file's share grows, so the order changes)
+                  and not (k == "questions" and len(args.data) == 1)]
+        # other questions of one file: it grows, or its first ones are read (with several files each file's share
+        # changes, so the order does)
         if differ:
             found = ", ".join(f"{k}={meta.get(k, None)}" for k in differ)
             raise SystemExit(f"ponder train verifier: {path} was collected with other {', '.join(differ)} "
@@ -156,6 +158,17 @@ def collect_verifier_data(engine, items, args, say) -> dict:
         saved["x"] = saved["x"].float()  # kept as bfloat16 where that is exact (see save)
         spent = saved["seconds"].item() if "seconds" in saved else None
         done = int(saved["done"].item()) if "done" in saved else len(items)
+        if "extras" in saved and done > len(items):  # the first questions of a larger cache: what a run of them draws
+            first = saved["groups"] < len(items)
+            answers = sidecar_answers(path, len(saved["y"]))
+            saved = {**{k: v[first] for k, v in saved.items() if k in ("x", "y", "groups", "extras")},
+                     "done": torch.tensor([len(items)])}
+            say(f"features: reusing the first {len(items)} of {done} questions in {path} ({len(saved['y'])} "
+                "candidates)")
+            return {**saved, "seconds": None, "answers": None if answers is None else answers[:len(saved["y"])]}
+        if int(meta.get("questions", len(items))) > len(items) and done < len(items):
+            raise SystemExit(f"ponder train verifier: {path} holds {done} of its {meta['questions']} questions, fewer "
+                             f"than the {len(items)} asked for; continue it with --questions {meta['questions']}")
         if "extras" not in saved or done >= len(items):
             say(f"features: reusing {path} ({len(saved['y'])} candidates)")
             return {**saved, "seconds": spent, "extras": saved.get("extras"),

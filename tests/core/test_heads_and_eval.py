@@ -130,9 +130,12 @@ def test_a_finished_verifier_cache_grows_when_asked_for_more_questions(engine, t
         said = []
         grown = collect_verifier_data(engine, items, Namespace(**args, questions=2, features_cache=cache), said.append)
         assert said[0] == f"features: continuing {cache} after 1 questions"  # question 1 not sampled again
-        with pytest.raises(SystemExit, match="other questions"):
-            collect_verifier_data(engine, items[:1], Namespace(**args, questions=1, features_cache=cache),
-                                  lambda m: None)
+        # asked for fewer: its first questions, as a run of that many draws them (the grown cache stays whole)
+        first = collect_verifier_data(engine, items[:1], Namespace(**args, questions=1, features_cache=cache),
+                                      said.append)
+        assert said[-1].startswith("features: reusing the first 1 of 2 questions")
+        assert torch.equal(first["y"], whole["y"][:2]) and torch.equal(first["x"], whole["x"][:2].float())
+        assert first["answers"] == whole["answers"][:2] and first["groups"].tolist() == [0, 0]
         two = {**args, "data": [str(data), str(tmp_path / "r.jsonl")]}  # a longer run would reorder two files' rows
         collect_verifier_data(engine, items, Namespace(**two, questions=2, features_cache=tmp_path / "two.st"),
                               lambda m: None)
