@@ -223,7 +223,8 @@ def main(argv: list[str] | None = None) -> None:
     scores, settings = learned_scores(data, rows, args.weight_decay, args.seed)
     if args.shipped is not None:
         scores.update(shipped_scores(data, args.shipped))
-        settings["shipped"] = str(args.shipped)
+        settings["shipped"] = str(args.shipped)  # held out only if it was trained on other samples than these:
+        settings["shipped_trained_on"] = json.loads((args.shipped / "head.json").read_text()).get("trained_on")
     result = {**compare(data, rows, scores), "settings": settings, "source": str(args.cache)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     Path(f"{args.out}.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")

@@ -160,19 +160,18 @@ def collect_verifier_data(engine, items, args, say) -> dict:
         done = int(saved["done"].item()) if "done" in saved else len(items)
         if "extras" in saved and done > len(items):  # the first questions of a larger cache: what a run of them draws
             first = saved["groups"] < len(items)
-            answers = sidecar_answers(path, len(saved["y"]))
             saved = {**{k: v[first] for k, v in saved.items() if k in ("x", "y", "groups", "extras")},
                      "done": torch.tensor([len(items)])}
             say(f"features: reusing the first {len(items)} of {done} questions in {path} ({len(saved['y'])} "
                 "candidates)")
-            return {**saved, "seconds": None, "answers": None if answers is None else answers[:len(saved["y"])]}
-        if int(meta.get("questions", len(items))) > len(items) and done < len(items):
+            return {**saved, "seconds": None, "answers": sidecar_answers(path, saved, say)}
+        if int(meta.get("questions", args.questions)) > args.questions and done < len(items):
             raise SystemExit(f"ponder train verifier: {path} holds {done} of its {meta['questions']} questions, fewer "
                              f"than the {len(items)} asked for; continue it with --questions {meta['questions']}")
         if "extras" not in saved or done >= len(items):
             say(f"features: reusing {path} ({len(saved['y'])} candidates)")
             return {**saved, "seconds": spent, "extras": saved.get("extras"),
-                    "answers": sidecar_answers(path, len(saved["y"]))}
+                    "answers": sidecar_answers(path, saved, say)}
         start = {**saved, "done": done}
         say(f"features: continuing {path} after {done} questions")
     started = time.monotonic()
@@ -210,14 +209,20 @@ def collect_verifier_data(engine, items, args, say) -> dict:
     data = verifier_data(engine, items, samples=args.samples, budget=args.budget, seed=args.seed, report=say,
                          start=start, save=save, record=record)
     return {**data, "seconds": (spent or 0.0) + time.monotonic() - started,
-            "answers": answers if path is None else sidecar_answers(path, len(data["y"]))}
+            "answers": answers if path is None else sidecar_answers(path, data, say)}
 
 
-def sidecar_answers(path: Path, n: int) -> list[str | None] | None:
-    """Each candidate's final answer from `<cache>.candidates.jsonl`, or None when it does not hold all `n` (a
-    cache written before the sidecar was kept): the vote rule is then chosen without votes."""
+def sidecar_answers(path: Path, data: dict, say) -> list[str | None] | None:
+    """Each candidate's final answer from `<cache>.candidates.jsonl` (its rows of the questions in `data`; a run
+    stopped between saves leaves later ones), checked against the cache's questions and labels; None, said, when
+    they do not match (a cache written before the sidecar was kept): the vote rule is then chosen by AUC."""
     sidecar = candidates_path(path)
-    if not sidecar.is_file():
+    done = int(data["done"]) if "done" in data else len(set(data["groups"].tolist()))
+    rows = [json.loads(line) for line in saved_candidates(
+        sidecar.read_text(encoding="utf-8").splitlines() if sidecar.is_file() else [], done)]
+    if len(rows) != len(data["y"]) or any(r["question_index"] != int(g) or bool(r["correct"]) != bool(v)
+                                          for r, g, v in zip(rows, data["groups"], data["y"], strict=False)):
+        say(f"features: {sidecar.name} does not hold the cache's {len(data['y'])} candidates: the vote rule is "
+            "chosen by within-question AUC, without votes")
         return None
-    answers = [json.loads(line)["final_answer"] for line in sidecar.read_text(encoding="utf-8").splitlines() if line]
-    return answers if len(answers) == n else None
+    return [r["final_answer"] for r in rows]

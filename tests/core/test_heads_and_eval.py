@@ -111,7 +111,8 @@ def test_verifier_collection_keeps_each_candidate_once_across_a_resume(engine, t
 
 def test_a_finished_verifier_cache_grows_when_asked_for_more_questions(engine, tmp_path):
     """A cache finished at one question continues to two when rerun with --questions 2 (each question seeded by its
-    index, so it holds what one run of two draws); asked for fewer questions than it was made with, it refuses."""
+    index, so it holds what one run of two draws); asked for fewer, it reads its first ones; asked for more than
+    an unfinished larger cache holds, it refuses."""
     from argparse import Namespace
 
     import pytest
@@ -136,6 +137,17 @@ def test_a_finished_verifier_cache_grows_when_asked_for_more_questions(engine, t
         assert said[-1].startswith("features: reusing the first 1 of 2 questions")
         assert torch.equal(first["y"], whole["y"][:2]) and torch.equal(first["x"], whole["x"][:2].float())
         assert first["answers"] == whole["answers"][:2] and first["groups"].tolist() == [0, 0]
+        # a 3-question run stopped after 1 question: its first question can be read, not two
+        three = tmp_path / "three.safetensors"
+        collect_verifier_data(engine, items[:1], Namespace(**args, questions=1, features_cache=three), lambda m: None)
+        from safetensors import safe_open
+        from safetensors.torch import load_file, save_file
+
+        with safe_open(str(three), "pt") as f:
+            meta = f.metadata()
+        save_file(load_file(str(three)), str(three), metadata={**meta, "questions": "3"})
+        with pytest.raises(SystemExit, match="holds 1 of its 3 questions"):
+            collect_verifier_data(engine, items, Namespace(**args, questions=2, features_cache=three), lambda m: None)
         two = {**args, "data": [str(data), str(tmp_path / "r.jsonl")]}  # a longer run would reorder two files' rows
         collect_verifier_data(engine, items, Namespace(**two, questions=2, features_cache=tmp_path / "two.st"),
                               lambda m: None)
@@ -146,8 +158,6 @@ def test_a_finished_verifier_cache_grows_when_asked_for_more_questions(engine, t
         hook.remove()
     assert torch.equal(grown["y"], whole["y"]) and torch.equal(grown["groups"], whole["groups"])
     assert grown["x"].dtype == torch.float32 and torch.equal(grown["x"], whole["x"].float())
-    from safetensors.torch import load_file
-
     assert load_file(str(cache))["x"].dtype == torch.bfloat16  # the tiny bf16 model's states are bf16 values
     reused = collect_verifier_data(engine, items, Namespace(**args, questions=2, features_cache=cache), said.append)
     assert said[-1].startswith("features: reusing") and reused["x"].dtype == torch.float32

@@ -10,11 +10,14 @@ from safetensors.torch import save_file
 from bench import vote_rules
 
 
-def _cache(tmp_path, questions: int = 20, samples: int = 8):
+def _cache(tmp_path, questions: int = 20, samples: int = 8, seed: int = 0):
     """Each question: 5 wrong answers ("1") outvote 3 right ones ("2"); the hidden state says which is which (a
-    direction plus noise), the log-probs favour nothing. Majority is always wrong; a head on x is not."""
+    direction plus noise), the log-probs favour nothing. Majority is always wrong; a head on x is not. Another
+    `seed` draws other samples of the same kind (the same direction)."""
     gen = torch.Generator().manual_seed(0)
     direction = torch.randn(16, generator=gen)
+    if seed:
+        gen.manual_seed(seed)
     xs, ys, groups, extras, rows = [], [], [], [], []
     for q in range(questions):
         for s in range(samples):
@@ -62,7 +65,7 @@ def test_a_shipped_verifier_is_scored_as_the_app_votes_with_it(tmp_path):
     train_verifier(data["x"], data["y"], data["groups"], tmp_path / "v", hidden_size=16, model_id="t", precision="bf16",
                    extras=data["extras"], answers=[r["final_answer"] for r in train_rows])
     assert json.loads((tmp_path / "v" / "head.json").read_text())["vote"] == "weighted"
-    path, _ = _cache(tmp_path / "b")  # the same kind of samples, others drawn
+    path, _ = _cache(tmp_path / "b", seed=1)  # the same kind of samples, others drawn
     held, _ = vote_rules.load(path)
     scores = vote_rules.shipped_scores(held, tmp_path / "v")
     torch.testing.assert_close(scores["shipped-head"], torch.tensor(Verifier.load(tmp_path / "v").scores(held["x"]),
