@@ -7,7 +7,8 @@ STAMP := $(VENV)/.ponder-installed
 .PHONY: run test install model bench lint clean dist
 
 $(STAMP): pyproject.toml models/_int4.c models/_int4_p32.c models/_int4.h models/_int4_api.h models/_gptq.c \
-		core/decode/_decode_ops.c core/decode/_decode_ops.h core/decode/_layer_step.c
+		core/decode/_decode_ops.c core/decode/_decode_ops.h core/decode/_layer_step.c \
+		core/decode/_sampling.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	@# torch's CPU build (no CUDA libraries: ~2.5 GB less to download) where its index answers; else the plain pin

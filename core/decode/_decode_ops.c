@@ -475,6 +475,8 @@ static PyMethodDef methods[] = {
      "the weights of a packed-int4 Qwen2 model's decoder layers, for layers_step (_layer_step.c)"},
     {"layers_step", (PyCFunction)(void (*)(void))py_layers_step, METH_FASTCALL,
      "every decoder layer of one decode step, in one call"},
+    {"top_candidates", (PyCFunction)(void (*)(void))py_top_candidates, METH_FASTCALL,
+     "rows of float32 logits shifted to (x - max) / temperature in place, and each row's c highest (_sampling.c)"},
     {NULL, NULL, 0, NULL},
 };
 

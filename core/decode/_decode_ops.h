@@ -1,6 +1,6 @@
 // Shared by the decode-step C sources (core/decode/_decode_ops.c: attention over the int8 cache, RMSNorm, SwiGLU;
-// core/decode/_layer_step.c: every decoder layer of a step in one call): the attention step's arguments, the kernels
-// one source lends the other, and bf16 helpers.
+// core/decode/_layer_step.c: every decoder layer of a step in one call; core/decode/_sampling.c: the sampler's
+// shortlist): the attention step's arguments, the kernels one source lends the other, and bf16 helpers.
 #ifndef PONDER_DECODE_OPS_H
 #define PONDER_DECODE_OPS_H
 #define PY_SSIZE_T_CLEAN
@@ -45,5 +45,6 @@ void silu_mul_rows(const uint16_t* g, long g_stride, const uint16_t* u, long u_s
 
 PyObject* py_layers_plan(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 PyObject* py_layers_step(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
+PyObject* py_top_candidates(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 #pragma GCC visibility pop
 #endif

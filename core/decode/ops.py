@@ -7,7 +7,8 @@ every step (3 ms of a 15 ms 0.5B step at short context; at 2k tokens 0.16 ms a l
 `rms_norm` and `silu_mul` replace five and three torch ops (with their casts). `core/decode/_decode_ops.c` holds the
 kernels; where it was not built, or `PONDER_DECODE_OPS=torch` is set, the same computations run as torch ops.
 `layers_plan` / `layers_step` run every decoder layer of a fused step in one call (`core/decode/_layer_step.c`: the
-same kernels and models._int4's matmul, no Python between them).
+same kernels and models._int4's matmul, no Python between them). `top_candidates` is the sampler's shortlist
+(core.decode.sampling) in one scan of the logits.
 """
 from __future__ import annotations
 
@@ -199,3 +200,15 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     out = torch.empty(gate.shape, dtype=torch.bfloat16)
     _decode_ops.silu_mul(g.data_ptr(), u.data_ptr(), out.data_ptr(), g.shape[0], g.shape[1], g.stride(0), u.stride(0))
     return out
+
+
+def top_candidates(x: torch.Tensor, c: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Each row's c highest values of x (B, V) float32 with unit column stride, and their ids ((B, c) float32,
+    (B, c) int64), highest first, equal values in id order (`core/decode/_sampling.c`). None where the C op is not
+    built or turned off."""
+    rows, vocab = x.shape
+    if not (ENABLED and x.dtype == torch.float32 and x.stride(-1) == 1 and 1 <= c <= vocab):
+        return None
+    values, ids = torch.empty(rows, c), torch.empty(rows, c, dtype=torch.int64)
+    _decode_ops.top_candidates(x.data_ptr(), rows, vocab, x.stride(0), c, values.data_ptr(), ids.data_ptr())
+    return values, ids

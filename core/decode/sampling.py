@@ -5,7 +5,8 @@ two cores. Drawing with torch's general ops costs as much as the step on eight r
 (B, V) tensor is a fresh allocation (page faults), `argmax` is a scalar loop and `multinomial` over the whole
 vocabulary takes ~3 ms a row. So each call copies the logits once into a float32 buffer kept per thread, works on
 it in place, takes argmax with numpy's vectorised loop and draws in two small stages (a block of the vocabulary by
-its summed weight, then a token within the block), which is the same distribution.
+its summed weight, then a token within the block), which is the same distribution. Top-k / top-p draws look only at
+a shortlist of the best candidates, which one C scan of the logits finds (`core.decode.ops.top_candidates`).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import threading
 import torch
 
 from core.config import SamplingConfig
+from core.decode.ops import top_candidates
 
 BLOCK = 1024
 """Vocabulary entries per block of the two-stage draw (fewer where the vocabulary is smaller)."""
@@ -94,21 +96,24 @@ SHORTLIST = 256
 """Candidates examined before falling back to a full-vocabulary sort (Qwen's vocabulary has 151k entries)."""
 
 
-def shortlist(logits: torch.Tensor, top_k: int, top_p: float) -> tuple[torch.Tensor, torch.Tensor] | None:
+def shortlist(logits: torch.Tensor, top_k: int, top_p: float,
+              top: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The top-k / top-p filter on at most SHORTLIST candidates per row, when that is exact: (logits (B, C)
-    with -inf outside the filter, their token ids (B, C)); None when a row's nucleus reaches past them."""
+    with -inf outside the filter, their token ids (B, C)); None when a row's nucleus reaches past them.
+    top: the C highest logits and their ids, highest first, where the caller has them (`top_candidates`); then
+    `logits` is read only when top_k is above SHORTLIST or off."""
     vocab = logits.shape[-1]
     k = top_k if 0 < top_k < vocab else vocab
     c = min(k, SHORTLIST)
     if c == vocab or (top_p >= 1.0 and k > c):
         return None
-    values, ids = torch.topk(logits, c, dim=-1)  # sorted, highest first
+    values, ids = torch.topk(logits, c, dim=-1) if top is None else top  # sorted, highest first
     if top_p >= 1.0:
         return values, ids
     pool = values if k == c else (logits if k == vocab else torch.topk(logits, k, dim=-1).values)
     probs = torch.exp(values - torch.logsumexp(pool, dim=-1, keepdim=True))  # over the top-k set, as the full filter
     cum = probs.cumsum(-1)
-    if bool((cum[:, -1] < top_p).any()) and k > c:
+    if k > c and bool((cum[:, -1] < top_p).any()):
         return None
     drop = cum - probs >= top_p  # keep the token that crosses top_p
     return values.masked_fill(drop, float("-inf")), ids
@@ -127,10 +132,19 @@ def sample_next(logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Gene
         return _argmax(logits)
     if (cfg.top_k == 0 or cfg.top_k >= logits.shape[-1]) and cfg.top_p >= 1.0:
         return _draw_full(logits, cfg.temperature, generator)
-    # each row's maximum at 0 first: logits over a tiny temperature (1e-40) would overflow to inf, inf - inf = nan
-    logits = logits.sub_(logits.amax(dim=-1, keepdim=True)).div_(cfg.temperature)
-    short = shortlist(logits, cfg.top_k, cfg.top_p)
-    if short is not None:
+    vocab = logits.shape[-1]
+    k = cfg.top_k if 0 < cfg.top_k < vocab else vocab
+    # top-k within the shortlist (the default 40): the k best from one C scan, shifted as the whole row would be (the
+    # first is the row's maximum); torch's topk and the row's shift were most of a sampled token's cost
+    top = top_candidates(logits, k) if k <= SHORTLIST and k < vocab else None
+    if top is not None:
+        values, ids = top
+        short = shortlist(logits, k, cfg.top_p, (values.sub_(values[:, :1].clone()).div_(cfg.temperature), ids))
+    else:
+        # each row's maximum at 0 first: logits over a tiny temperature (1e-40) would overflow to inf, inf - inf = nan
+        logits = logits.sub_(logits.amax(dim=-1, keepdim=True)).div_(cfg.temperature)
+        short = shortlist(logits, cfg.top_k, cfg.top_p)
+    if short is not None:  # with k within the shortlist it always is: the filter never reaches past k
         values, ids = short
         pick = torch.multinomial(torch.softmax(values, dim=-1), 1, generator=generator)
         return ids.gather(1, pick).squeeze(-1)

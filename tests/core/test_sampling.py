@@ -173,3 +173,47 @@ def test_a_tiny_temperature_is_near_greedy_not_a_crash(top_k, top_p):
     picks = sample_next(logits, cfg, make_generator(0))
     assert picks.tolist() == logits.argmax(-1).tolist()
     assert pick_logprobs(logits, picks, cfg).tolist() == [0.0, 0.0, 0.0]
+
+
+needs_ops = pytest.mark.skipif(not __import__("core.decode.ops", fromlist=["ENABLED"]).ENABLED,
+                               reason="the decode ops' C extension is not built or is turned off here")
+
+
+@needs_ops
+@pytest.mark.parametrize("c", [1, 40, 256])
+def test_top_candidates_are_the_highest_in_id_order(c):
+    """The C shortlist returns what a stable sort of each row puts first: the c highest values, equal values in
+    id order (bf16 logits tie often), reading the sampler's own strided buffer and leaving it as it was."""
+    from core.decode.ops import top_candidates
+    from core.decode.sampling import _scratch
+
+    torch.manual_seed(1)
+    logits = (torch.randn(3, 5003) * 3).to(torch.bfloat16)
+    logits[1, 4000:4100] = 40.0  # a run of equal maxima past the first blocks
+    x = _scratch(logits)  # rows padded to whole blocks
+    assert x.stride(0) > x.shape[1]
+    before = x.clone()
+    values, ids = top_candidates(x, c)
+    assert torch.equal(x, before)
+    for row in range(3):
+        order = sorted(range(x.shape[1]), key=lambda i: (-x[row, i].item(), i))[:c]
+        assert ids[row].tolist() == order
+        assert torch.equal(values[row], x[row, order])
+    assert top_candidates(x, x.shape[1] + 1) is None
+
+
+@needs_ops
+@pytest.mark.parametrize("top_k,top_p,scale", [(40, 0.9, 4), (0, 0.9, 4), (10, 1.0, 4), (300, 0.95, 4), (300, 0.95, 0.1)])
+def test_draws_with_the_c_shortlist_equal_the_torch_ones(monkeypatch, top_k, top_p, scale):
+    """Same seed, same picks with and without the C op (float32 logits without ties: torch.topk's order is the
+    same), including the repetition penalty and several rows; top-k off or above the shortlist keeps torch's path."""
+    import core.decode.sampling as sampling
+
+    torch.manual_seed(2)
+    logits, seen = torch.randn(4, 6000) * scale, torch.randint(0, 6000, (4, 30))
+    cfg = SamplingConfig(temperature=0.8, top_k=top_k, top_p=top_p, repetition_penalty=1.1)
+    fast = [sampling.sample_next(logits, cfg, g, seen).tolist() for g in [make_generator(3)] for _ in range(30)]
+    monkeypatch.setattr(sampling, "top_candidates", lambda *a: None)
+    plain = [sampling.sample_next(logits, cfg, g, seen).tolist() for g in [make_generator(3)] for _ in range(30)]
+    assert fast == plain
+    assert len({tuple(p) for p in fast}) > 1  # it really samples
