@@ -205,9 +205,10 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 def top_candidates(x: torch.Tensor, c: int) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Each row's c highest values of x (B, V) float32 with unit column stride, and their ids ((B, c) float32,
     (B, c) int64), highest first, equal values in id order (`core/decode/_sampling.c`). None where the C op is not
-    built or turned off."""
+    built (or built before it existed) or turned off."""
     rows, vocab = x.shape
-    if not (ENABLED and x.dtype == torch.float32 and x.stride(-1) == 1 and 1 <= c <= vocab):
+    if not (ENABLED and hasattr(_decode_ops, "top_candidates") and x.dtype == torch.float32 and x.stride(-1) == 1
+            and 1 <= c <= vocab):
         return None
     values, ids = torch.empty(rows, c), torch.empty(rows, c, dtype=torch.int64)
     _decode_ops.top_candidates(x.data_ptr(), rows, vocab, x.stride(0), c, values.data_ptr(), ids.data_ptr())
