@@ -53,6 +53,8 @@ BETAS = (0.0, 0.25, 0.5, 1.0, 2.0)
 GAMMAS = (-1.0, -0.5, -0.25, 0.0, 0.25, 0.5)
 AUCS = tuple(round(0.6 + 0.01 * i, 2) for i in range(39))  # 0.60 .. 0.98
 SUBSETS = (25, 50, 100, 200, 400)
+GSM8K_TRAIN = 7473
+"""Questions in GSM8K's train split: the most a collection of this kind could sample from."""
 
 
 class Groups:
@@ -155,10 +157,12 @@ def real_votes(groups: Groups, logits: torch.Tensor, rows: list[dict], seed: int
     return out
 
 
-def learning_curve(data: dict, weight_decay: float, seed: int, draws: int) -> list[dict]:
+def learning_curve(data: dict, weight_decay: float, seed: int, draws: int, vote_groups: Groups | None = None,
+                   rows: list[dict] | None = None) -> list[dict]:
     """Part 2b: the out-of-fold within-question AUC when each fold's head sees m random training questions (mean and
     range over `draws` draws, each with its own starting weights), and once with every training question of each fold
-    (reported at their mean number)."""
+    (reported at their mean number). With the samples' answer groups (`vote_groups`) and `rows`, also each family's out-of-fold
+    vote on those scores, as points over majority (mean over the draws)."""
     x, y, groups = data["x"], data["y"], data["groups"]
     folds = list(question_folds(groups, 5, seed))
     sizes = [len({int(groups[i]) for i in tr}) for tr, _ in folds]
@@ -166,7 +170,7 @@ def learning_curve(data: dict, weight_decay: float, seed: int, draws: int) -> li
     out = []
     for m in [m for m in SUBSETS if m < smallest] + [None]:  # None: every training question of each fold
         last = m is None
-        aucs = []
+        aucs, gains = [], {"exp": [], "llr": []}
         for draw in range(1 if last else draws):
             scores = torch.zeros(len(y))
             for k, (tr, va) in enumerate(folds):
@@ -179,8 +183,35 @@ def learning_curve(data: dict, weight_decay: float, seed: int, draws: int) -> li
                 with torch.no_grad():
                     scores[va] = head(x[va]).float()
             aucs.append(within_question_auc(scores, y, groups))
-        out.append({"questions": sum(sizes) / len(sizes) if last else m, "auc": round(sum(aucs) / len(aucs), 4),
-                    "low": min(aucs), "high": max(aucs)})
+            if vote_groups is not None:
+                z = scores.double()
+                votes = real_votes(vote_groups, (z - z.mean()) / z.std().clamp(min=1e-9), rows, seed)
+                for family in gains:
+                    gains[family].append(votes[family]["out_of_fold"] - votes["majority"])
+        point = {"questions": sum(sizes) / len(sizes) if last else m, "auc": round(sum(aucs) / len(aucs), 4),
+                 "low": min(aucs), "high": max(aucs)}
+        if vote_groups is not None:
+            point |= {f"gain_{f}": round(sum(v) / len(v), 2) for f, v in gains.items()}
+        out.append(point)
+    return out
+
+
+def extrapolate_gain(curve: list[dict], margin: float, pool: int) -> dict | None:
+    """Least-squares line gain = a + b·log2(questions) through each family's out-of-fold vote gains on the curve:
+    the questions it would take for `margin` points, and the gain it gives at `pool` questions (every question the
+    data set holds)."""
+    out = {}
+    for family in ("exp", "llr"):
+        pts = [(math.log2(r["questions"]), r[f"gain_{family}"]) for r in curve if f"gain_{family}" in r]
+        if len(pts) < 2:
+            return None
+        mx, my = sum(q[0] for q in pts) / len(pts), sum(q[1] for q in pts) / len(pts)
+        b = sum((q[0] - mx) * (q[1] - my) for q in pts) / sum((q[0] - mx) ** 2 for q in pts)
+        a = my - b * mx
+        doublings = None if b <= 1e-6 else (margin - a) / b
+        out[family] = {"intercept": round(a, 3), "per_doubling": round(b, 3),
+                       "questions_needed": None if doublings is None or doublings > 40 else round(2 ** doublings),
+                       "gain_at_pool": round(a + b * math.log2(pool), 2)}
     return out
 
 
@@ -204,7 +235,7 @@ def extrapolate(curve: list[dict], target_auc: float | None) -> dict | None:
 
 
 def run(cache: Path, candidates: Path | None, margin: float, seeds: int, weight_decay: float | None, seed: int,
-        curve_seeds: int) -> dict:
+        curve_seeds: int, pool: int = GSM8K_TRAIN) -> dict:
     data, rows = load(cache, candidates)
     groups = Groups(rows)
     majority, sim = simulated(groups, data["y"], seeds)
@@ -225,13 +256,15 @@ def run(cache: Path, candidates: Path | None, margin: float, seeds: int, weight_
     for name, score in sources.items():
         z = (score.double() - score.double().mean()) / score.double().std().clamp(min=1e-9)  # the grids' scale
         real[name] = {**real_votes(groups, z, rows, seed), "auc": within_question_auc(score.float(), y, g)}
-    curve = learning_curve(data, weight_decay, seed, curve_seeds)
+    curve = learning_curve(data, weight_decay, seed, curve_seeds, groups, rows)
     target = min((a for a in need.values() if a is not None), default=None)
     line = extrapolate(curve, target)
+    gain_line = extrapolate_gain(curve, margin, pool)
     seconds = float(data["seconds"].item()) if "seconds" in data else None
     return {"source": str(cache), "questions": groups.n_questions, "candidates": len(rows), "margin": margin,
             "seeds": seeds, "majority": round(majority, 2), "simulated": sim, "auc_needed": need,
             "head_weight_decay": weight_decay, "real_scores": real, "learning_curve": curve, "line": line,
+            "gain_line": gain_line, "pool": pool,
             "collection_seconds_per_question": None if seconds is None else seconds / groups.n_questions}
 
 
@@ -256,8 +289,11 @@ def markdown(r: dict) -> str:
                          f"{f['fold_params']} | {f['out_of_fold']}% |")
     lines += ["", "The head's out-of-fold within-question AUC by the training questions each fold's head saw (random "
               "draws; mean, low, high; the last row: every training question of each fold, their mean number):", "",
-              "| questions | AUC | low | high |", "|---:|---:|---:|---:|"]
-    lines += [f"| {c['questions']:g} | {c['auc']} | {c['low']} | {c['high']} |" for c in r["learning_curve"]]
+              "| questions | AUC | low | high | `exp` vote, out of fold | `llr` vote, out of fold |",
+              "|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {c['questions']:g} | {c['auc']} | {c['low']} | {c['high']} | {c.get('gain_exp', '–'):+} | "
+              f"{c.get('gain_llr', '–'):+} |" if "gain_exp" in c else
+              f"| {c['questions']:g} | {c['auc']} | {c['low']} | {c['high']} | – | – |" for c in r["learning_curve"]]
     if r["line"]:
         sec = r["collection_seconds_per_question"]
         for name, line in r["line"].items():
@@ -269,6 +305,11 @@ def markdown(r: dict) -> str:
                          f"{line['per_doubling']:+} a doubling; the smaller AUC above at "
                          + (("more than 2^40 questions" if line["beyond"] else "no number of questions") if n is None
                             else f"~{n:,.0f} questions{cost}") + ".")
+    for family, g in (r.get("gain_line") or {}).items():
+        n = g["questions_needed"]
+        lines.append(f"- `{family}` vote gain, line through every point: {g['per_doubling']:+} a doubling; "
+                     f"+{r['margin']} at " + ("no number of questions" if n is None else f"~{n:,} questions")
+                     + f"; {g['gain_at_pool']:+} at all {r['pool']:,} questions of the data set.")
     return "\n".join(lines) + "\n"
 
 
@@ -282,8 +323,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--curve-seeds", type=int, default=3, help="random draws of each learning-curve subset")
     ap.add_argument("--weight-decay", type=float, help="the head's L2 (default: chosen by cross-validation)")
     ap.add_argument("--seed", type=int, default=39)
+    ap.add_argument("--pool", type=int, default=GSM8K_TRAIN,
+                    help="questions the data set holds, for the vote-gain line's projection (default: GSM8K train)")
     args = ap.parse_args(argv)
-    result = run(args.cache, args.candidates, args.margin, args.seeds, args.weight_decay, args.seed, args.curve_seeds)
+    result = run(args.cache, args.candidates, args.margin, args.seeds, args.weight_decay, args.seed, args.curve_seeds,
+                 args.pool)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     Path(f"{args.out}.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     Path(f"{args.out}.md").write_text(markdown(result), encoding="utf-8")

@@ -73,14 +73,19 @@ def test_simulated_and_real_votes_and_the_learning_curve(tmp_path, signal):
     assert set(r["real_scores"]) == {"head", "logprob_mean", "logprob_lowest", "combiner-no-share", "combiner"}
     assert real["majority"] == pytest.approx(57.14, abs=0.01)
     assert [c["questions"] for c in curve] == [25, 28]  # folds of 28 training questions: one subset, then all
+    assert all(set(c) >= {"gain_exp", "gain_llr"} for c in curve)
+    assert curve[-1]["gain_exp"] == pytest.approx(real["exp"]["out_of_fold"] - real["majority"], abs=0.01)
+    assert set(r["gain_line"]) == {"exp", "llr"} and r["pool"] == vote_bound.GSM8K_TRAIN
     if signal:  # the hidden state says which answers are right, out of fold too
         assert real["auc"] > 0.9 and curve[-1]["auc"] > 0.9
+        assert curve[-1]["gain_llr"] >= 30.0  # most questions majority loses are won back
         assert r["real_scores"]["combiner-no-share"]["auc"] > 0.9  # the head's logit carries into the combiners
         assert real["llr"]["out_of_fold"] >= 90.0 and real["exp"]["out_of_fold"] >= 90.0
     else:  # noise: no ranking inside a question, and nothing to vote on beyond the count
         assert real["auc"] < 0.7 and all(c["auc"] < 0.7 for c in curve)
         assert real["exp"]["out_of_fold"] <= real["majority"] + 12.0
     assert "Smallest AUC (0.01 steps)" in out.with_suffix(".md").read_text()
+    assert "vote gain, line through every point" in out.with_suffix(".md").read_text()
 
 
 def test_the_line_through_the_learning_curve():
@@ -98,6 +103,19 @@ def test_the_line_through_the_learning_curve():
     assert vote_bound.extrapolate(slow, 0.99)["all"]["questions_needed"] is None  # no overflow
     assert vote_bound.extrapolate(slow, 0.99)["all"]["beyond"]
     assert vote_bound.extrapolate(bent, None) is None
+
+
+def test_the_line_through_the_vote_gains():
+    """The vote's out-of-fold gain over majority, a line in log2(questions): where it reaches the margin, and what it
+    gives at every question the data set holds; a gain that does not rise reaches no margin."""
+    curve = [{"questions": q, "gain_exp": g, "gain_llr": 0.5} for q, g in zip((25, 50, 100, 200), (0.0, 0.5, 1.0, 1.5),
+                                                                          strict=True)]
+    line = vote_bound.extrapolate_gain(curve, 3.0, 6400)
+    assert line["exp"]["per_doubling"] == pytest.approx(0.5)
+    assert line["exp"]["questions_needed"] == pytest.approx(1600)  # 200 · 2^3: three more doublings of +0.5
+    assert line["exp"]["gain_at_pool"] == pytest.approx(4.0)  # 6400 = 200 · 2^5: 1.5 + 5 · 0.5
+    assert line["llr"]["questions_needed"] is None and line["llr"]["gain_at_pool"] == pytest.approx(0.5)
+    assert vote_bound.extrapolate_gain([{"questions": 25, "auc": 0.6}], 3.0, 100) is None
 
 
 def test_the_llr_family_scores_each_group_by_count_and_summed_score():
