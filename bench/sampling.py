@@ -6,7 +6,8 @@ is timed beside `reference` (the same computations as plain out-of-place torch o
 + `multinomial` over the whole vocabulary, `logsumexp`, as Ponder drew until 2026-12-06), in one process, each the
 median of 5 rounds of `per_call_s`. With --decode, the default model's decode speed with each sampler too, alternating
 in one process: one row greedy, 8 parallel answers at the chat default, and 8 at RL's unfiltered T 0.7 (128 tokens
-each, end-of-turn ignored). Writes bench/results/sampling[_<tag>].{json,md}.
+each, end-of-turn ignored), also with Ponder's sampler taking torch's topk instead of the C shortlist. Writes
+bench/results/sampling[_<tag>].{json,md}.
 """
 from __future__ import annotations
 
@@ -71,17 +72,21 @@ def decode_speeds(model_id: str | None, rounds: int = 3) -> list[dict]:
             "8 rows, RL draw": lambda: engine_module.collect(engine.parallel(
                 prompt, replace(CASES["RL draw (T 0.7, unfiltered)"], max_tokens=128, ignore_eos=True, seed=0), n=8,
                 mode="base"))}
-    ours = (rows.sample_next, rows.pick_logprobs)
-    speeds = {(name, which): [] for name in runs for which in ("reference", "ponder")}
+    ours, scan = (rows.sample_next, rows.pick_logprobs), sampling.top_candidates
+    variants = ("reference", "ponder_torch_topk", "ponder")
+    speeds = {(name, which): [] for name in runs for which in variants}
     runs["1 row, greedy"]()  # warm-up
-    for _ in range(rounds):
-        for which, pair in (("reference", (reference, reference_logprobs)), ("ponder", ours)):
-            rows.sample_next, rows.pick_logprobs = pair
-            for name, run in runs.items():
-                speeds[name, which].append(run().stats.decode_tok_s)
-    rows.sample_next, rows.pick_logprobs = ours
-    return [{"case": name, "reference_tok_s": statistics.median(speeds[name, "reference"]),
-             "ponder_tok_s": statistics.median(speeds[name, "ponder"])} for name in runs]
+    try:
+        for _ in range(rounds):
+            for which in variants:
+                rows.sample_next, rows.pick_logprobs = (reference, reference_logprobs) if which == "reference" else ours
+                sampling.top_candidates = scan if which == "ponder" else (lambda *a: None)
+                for name, run in runs.items():
+                    speeds[name, which].append(run().stats.decode_tok_s)
+    finally:
+        (rows.sample_next, rows.pick_logprobs), sampling.top_candidates = ours, scan
+    return [{"case": name, **{f"{which}_tok_s": statistics.median(speeds[name, which]) for which in variants}}
+            for name in runs]
 
 
 def timed(reference_fn, ponder_fn) -> tuple[float, float]:
@@ -126,10 +131,13 @@ def main(argv=None) -> None:
     if args.decode:
         data["decode"] = decode_speeds(args.model)
         md += ["", f"Decode, 128 tokens, median of 3 alternating rounds ({args.model or 'the embedded model'}, its "
-               "default weights)", "", "| case | plain torch tok/s | Ponder tok/s | speed-up |", "|---|---:|---:|---:|"]
+               "default weights; the middle column: Ponder's sampler with torch's topk in place of the C shortlist)",
+               "", "| case | plain torch tok/s | Ponder, torch topk tok/s | Ponder tok/s | speed-up over plain torch |",
+               "|---|---:|---:|---:|---:|"]
         for d in data["decode"]:
             d["speedup"] = round(d["ponder_tok_s"] / d["reference_tok_s"], 2)
-            md.append(f"| {d['case']} | {d['reference_tok_s']:.1f} | {d['ponder_tok_s']:.1f} | {d['speedup']}× |")
+            md.append(f"| {d['case']} | {d['reference_tok_s']:.1f} | {d['ponder_torch_topk_tok_s']:.1f} | "
+                      f"{d['ponder_tok_s']:.1f} | {d['speedup']}× |")
     write_results("sampling" + (f"_{args.tag}" if args.tag else ""), data, md, print_json=False)
 
 

@@ -476,7 +476,7 @@ static PyMethodDef methods[] = {
     {"layers_step", (PyCFunction)(void (*)(void))py_layers_step, METH_FASTCALL,
      "every decoder layer of one decode step, in one call"},
     {"top_candidates", (PyCFunction)(void (*)(void))py_top_candidates, METH_FASTCALL,
-     "rows of float32 logits shifted to (x - max) / temperature in place, and each row's c highest (_sampling.c)"},
+     "each row's c highest float32 values and their ids, highest first, equal values in id order (_sampling.c)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,16 +1,19 @@
 // The sampler's shortlist in one scan (core.decode.sampling): each row's c highest float32 logits with their ids,
-// highest first, equal values in id order. torch's topk over Qwen's 151,936-entry vocabulary took about half of the
-// ~0.55 ms a sampled token spent outside the decode step (docs/results.md, #43); this scan skips every 64-value
+// highest first, equal values in id order. torch's topk over Qwen's 151,936-entry vocabulary was about half of the
+// 0.85-1.0 ms a chat-default token spent sampling inside `generate` (docs/results.md); this scan skips every 64-value
 // block whose maximum cannot enter the candidates, which after the first few blocks is nearly all of them.
 //
-// top_candidates(x, rows, vocab, row_stride, c, values, ids): addresses of x (rows, vocab) float32 with unit column
-// stride, values (rows, c) float32 and ids (rows, c) int64, both contiguous; 1 <= c <= vocab.
+// top_candidates(x, rows, vocab, row_stride, c, values, ids) -> True, or False when a row holds a NaN (values and ids
+// then unfinished): addresses of x (rows, vocab) float32 with unit column stride, values (rows, c) float32 and ids
+// (rows, c) int64, both contiguous; 1 <= c <= vocab.
 #include <math.h>
 #include <stdlib.h>
 
 #include "_decode_ops.h"
 
 #define BLOCK 64
+#define MAX_ROWS (1L << 16)  // far beyond any batch: the heaps' size cannot overflow
+#define MAX_CANDIDATES (1L << 20)
 
 typedef struct {
     float value;
@@ -56,16 +59,21 @@ static int rank_order(const void* a, const void* b) {  // highest first, equal v
     return below(y, x) ? -1 : below(x, y) ? 1 : 0;
 }
 
-static void one_row(const float* x, long vocab, int c, Cand* heap, float* values, int64_t* ids) {
+// One row's c best into values / ids; 1 when the row holds a NaN (then nothing is written: the caller takes torch's
+// ops, whose draw fails on it as before).
+static int one_row(const float* x, long vocab, int c, Cand* heap, float* values, int64_t* ids) {
     int n = 0;
     for (long start = 0; start < vocab; start += BLOCK) {
         const long end = start + BLOCK < vocab ? start + BLOCK : vocab;
-        if (n == c) {  // full: a block whose maximum does not beat the lowest candidate has nothing to add
-            float most = -INFINITY;
-#pragma omp simd reduction(max : most)
-            for (long i = start; i < end; i++) most = x[i] > most ? x[i] : most;
-            if (!(most > heap[0].value)) continue;
+        float most = -INFINITY;
+        int nan = 0;
+#pragma omp simd reduction(max : most) reduction(| : nan)
+        for (long i = start; i < end; i++) {
+            most = x[i] > most ? x[i] : most;
+            nan |= x[i] != x[i];
         }
+        if (nan) return 1;
+        if (n == c && !(most > heap[0].value)) continue;  // nothing here beats the lowest candidate
         for (long i = start; i < end; i++)
             if (n < c || x[i] > heap[0].value) push(heap, &n, c, x[i], i);
     }
@@ -74,6 +82,7 @@ static void one_row(const float* x, long vocab, int c, Cand* heap, float* values
         values[j] = heap[j].value;
         ids[j] = heap[j].id;
     }
+    return 0;
 }
 
 PyObject* py_top_candidates(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
@@ -90,18 +99,19 @@ PyObject* py_top_candidates(PyObject* self, PyObject* const* args, Py_ssize_t na
     float* values = PyErr_Occurred() ? NULL : PyLong_AsVoidPtr(args[5]);
     int64_t* ids = PyErr_Occurred() ? NULL : PyLong_AsVoidPtr(args[6]);
     if (PyErr_Occurred()) return NULL;
-    if (x == NULL || values == NULL || ids == NULL || rows < 1 || vocab < 1 || stride < vocab || c < 1 || c > vocab ||
-        c > (1L << 20)) {
+    if (x == NULL || values == NULL || ids == NULL || rows < 1 || rows > MAX_ROWS || vocab < 1 || stride < vocab || c < 1 ||
+        c > vocab || c > MAX_CANDIDATES) {
         PyErr_SetString(PyExc_ValueError, "top_candidates: bad rows, vocabulary, stride or count");
         return NULL;
     }
     Cand* heaps = malloc(sizeof(Cand) * (size_t)c * (size_t)rows);
     if (heaps == NULL) return PyErr_NoMemory();
+    int nan = 0;
     Py_BEGIN_ALLOW_THREADS
-#pragma omp parallel for schedule(static) if (rows > 1)
+#pragma omp parallel for schedule(static) if (rows > 1) reduction(| : nan)
     for (long r = 0; r < rows; r++)
-        one_row(x + r * stride, vocab, (int)c, heaps + r * c, values + r * c, ids + r * c);
+        nan |= one_row(x + r * stride, vocab, (int)c, heaps + r * c, values + r * c, ids + r * c);
     Py_END_ALLOW_THREADS
     free(heaps);
-    Py_RETURN_NONE;
+    return PyBool_FromLong(!nan);
 }

@@ -205,11 +205,14 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 def top_candidates(x: torch.Tensor, c: int) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Each row's c highest values of x (B, V) float32 with unit column stride, and their ids ((B, c) float32,
     (B, c) int64), highest first, equal values in id order (`core/decode/_sampling.c`). None where the C op is not
-    built (or built before it existed) or turned off."""
+    built (or built before it existed) or turned off, for rows it cannot read, and when a row holds a NaN (torch's
+    ops then fail on it as before)."""
     rows, vocab = x.shape
     if not (ENABLED and hasattr(_decode_ops, "top_candidates") and x.dtype == torch.float32 and x.stride(-1) == 1
-            and 1 <= c <= vocab):
+            and rows >= 1 and (rows == 1 or x.stride(0) >= vocab) and 1 <= c <= vocab):
         return None
-    values, ids = torch.empty(rows, c), torch.empty(rows, c, dtype=torch.int64)
-    _decode_ops.top_candidates(x.data_ptr(), rows, vocab, x.stride(0), c, values.data_ptr(), ids.data_ptr())
+    values, ids = torch.empty(rows, c, dtype=torch.float32), torch.empty(rows, c, dtype=torch.int64)
+    if not _decode_ops.top_candidates(x.data_ptr(), rows, vocab, max(x.stride(0), vocab), c, values.data_ptr(),
+                                      ids.data_ptr()):
+        return None
     return values, ids

@@ -15,7 +15,6 @@ import threading
 import torch
 
 from core.config import SamplingConfig
-from core.decode.ops import top_candidates
 
 BLOCK = 1024
 """Vocabulary entries per block of the two-stage draw (fewer where the vocabulary is smaller)."""
@@ -100,8 +99,8 @@ def shortlist(logits: torch.Tensor, top_k: int, top_p: float,
               top: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The top-k / top-p filter on at most SHORTLIST candidates per row, when that is exact: (logits (B, C)
     with -inf outside the filter, their token ids (B, C)); None when a row's nucleus reaches past them.
-    top: the C highest logits and their ids, highest first, where the caller has them (`top_candidates`); then
-    `logits` is read only when top_k is above SHORTLIST or off."""
+    top: the C highest logits and their ids, highest first, where the caller has them (`top_candidates`), on the
+    same scale as `logits`; `logits` is then read only when top_k is above SHORTLIST or off."""
     vocab = logits.shape[-1]
     k = top_k if 0 < top_k < vocab else vocab
     c = min(k, SHORTLIST)
@@ -135,19 +134,18 @@ def sample_next(logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Gene
     vocab = logits.shape[-1]
     k = cfg.top_k if 0 < cfg.top_k < vocab else vocab
     # top-k within the shortlist (the default 40): the k best from one C scan, shifted as the whole row would be (the
-    # first is the row's maximum); torch's topk and the row's shift were most of a sampled token's cost
+    # first is the row's maximum); torch's topk and the row's shift were most of a sampled token's cost. With k
+    # within the shortlist, the shortlist is always exact.
     top = top_candidates(logits, k) if k <= SHORTLIST and k < vocab else None
     if top is not None:
         values, ids = top
-        short = shortlist(logits, k, cfg.top_p, (values.sub_(values[:, :1].clone()).div_(cfg.temperature), ids))
-    else:
-        # each row's maximum at 0 first: logits over a tiny temperature (1e-40) would overflow to inf, inf - inf = nan
-        logits = logits.sub_(logits.amax(dim=-1, keepdim=True)).div_(cfg.temperature)
-        short = shortlist(logits, cfg.top_k, cfg.top_p)
-    if short is not None:  # with k within the shortlist it always is: the filter never reaches past k
-        values, ids = short
-        pick = torch.multinomial(torch.softmax(values, dim=-1), 1, generator=generator)
-        return ids.gather(1, pick).squeeze(-1)
+        values, ids = shortlist(logits, k, cfg.top_p, (values.sub_(values[:, :1].clone()).div_(cfg.temperature), ids))
+        return _draw(values, ids, generator)
+    # each row's maximum at 0 first: logits over a tiny temperature (1e-40) would overflow to inf, inf - inf = nan
+    logits = logits.sub_(logits.amax(dim=-1, keepdim=True)).div_(cfg.temperature)
+    short = shortlist(logits, cfg.top_k, cfg.top_p)
+    if short is not None:
+        return _draw(*short, generator)
     probs = torch.softmax(filter_top_k_top_p(logits, cfg.top_k, cfg.top_p), dim=-1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
@@ -165,6 +163,19 @@ def pick_logprobs(logits: torch.Tensor, picks: torch.Tensor, cfg: SamplingConfig
         logits.div_(cfg.temperature)
     picked = logits.gather(1, picks.view(-1, 1)).squeeze(1)
     return picked - logits.exp_().sum(-1).log()
+
+
+def _draw(values: torch.Tensor, ids: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One id per row from softmax over a shortlist's logits (B, C), -inf outside the filter."""
+    pick = torch.multinomial(torch.softmax(values, dim=-1), 1, generator=generator)
+    return ids.gather(1, pick).squeeze(-1)
+
+
+def top_candidates(x: torch.Tensor, c: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """`core.decode.ops.top_candidates`, imported on first use (it loads the decode ops and the int4 kernel)."""
+    from core.decode.ops import top_candidates as op
+
+    return op(x, c)
 
 
 def make_generator(seed: int | None) -> torch.Generator:

@@ -175,8 +175,10 @@ def test_a_tiny_temperature_is_near_greedy_not_a_crash(top_k, top_p):
     assert pick_logprobs(logits, picks, cfg).tolist() == [0.0, 0.0, 0.0]
 
 
-needs_ops = pytest.mark.skipif(not __import__("core.decode.ops", fromlist=["ENABLED"]).ENABLED,
-                               reason="the decode ops' C extension is not built or is turned off here")
+_ops = __import__("core.decode.ops", fromlist=["ENABLED"])
+needs_ops = pytest.mark.skipif(not (_ops.ENABLED and hasattr(_ops._decode_ops, "top_candidates")),
+                               reason="the decode ops' C extension is not built (or built before top_candidates) or "
+                                      "is turned off here")
 
 
 @needs_ops
@@ -200,6 +202,10 @@ def test_top_candidates_are_the_highest_in_id_order(c):
         assert ids[row].tolist() == order
         assert torch.equal(values[row], x[row, order])
     assert top_candidates(x, x.shape[1] + 1) is None
+    x[2, 4500] = float("nan")  # a NaN anywhere: no shortlist (torch's draw then fails on it, as it always did)
+    assert top_candidates(x, c) is None
+    with pytest.raises(RuntimeError):
+        sample_next(x.clone(), SamplingConfig(temperature=0.7, top_k=40, top_p=0.9), make_generator(0))
 
 
 @needs_ops
@@ -212,7 +218,10 @@ def test_draws_with_the_c_shortlist_equal_the_torch_ones(monkeypatch, top_k, top
     torch.manual_seed(2)
     logits, seen = torch.randn(4, 6000) * scale, torch.randint(0, 6000, (4, 30))
     cfg = SamplingConfig(temperature=0.8, top_k=top_k, top_p=top_p, repetition_penalty=1.1)
+    used, op = [], sampling.top_candidates
+    monkeypatch.setattr(sampling, "top_candidates", lambda *a: used.append(a[1]) or op(*a))
     fast = [sampling.sample_next(logits, cfg, g, seen).tolist() for g in [make_generator(3)] for _ in range(30)]
+    assert bool(used) == (0 < top_k <= 256)  # the C scan serves top-k within the shortlist, torch the rest
     monkeypatch.setattr(sampling, "top_candidates", lambda *a: None)
     plain = [sampling.sample_next(logits, cfg, g, seen).tolist() for g in [make_generator(3)] for _ in range(30)]
     assert fast == plain
