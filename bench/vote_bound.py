@@ -25,7 +25,8 @@ with the vote share as well, as the shipped verifier combines them; slightly opt
 every fold, and the head logits they learn from come from heads that saw the held-out questions). Then the
 learning curve: each fold's head fitted on `m` of its training questions drawn at random (`--curve-seeds` draws),
 within-question AUC of the out-of-fold scores by m, and a straight line in log2(m) for the questions it would take
-to reach Part 1's AUC.
+to reach Part 1's AUC; likewise each vote family's out-of-fold gain over majority by m, and lines through it for the
+questions +margin would take and the gain at every question of the data set (`--pool`): extrapolations.
 
 `python -m bench.vote_bound F --candidates F.candidates.jsonl --out PREFIX` (F: a features cache of `ponder train
 verifier`), writes PREFIX.json and PREFIX.md.
@@ -191,27 +192,35 @@ def learning_curve(data: dict, weight_decay: float, seed: int, draws: int, vote_
         point = {"questions": sum(sizes) / len(sizes) if last else m, "auc": round(sum(aucs) / len(aucs), 4),
                  "low": min(aucs), "high": max(aucs)}
         if vote_groups is not None:
-            point |= {f"gain_{f}": round(sum(v) / len(v), 2) for f, v in gains.items()}
+            for f, v in gains.items():
+                point |= {f"gain_{f}": round(sum(v) / len(v), 2), f"gain_{f}_low": round(min(v), 2),
+                          f"gain_{f}_high": round(max(v), 2)}
         out.append(point)
     return out
 
 
 def extrapolate_gain(curve: list[dict], margin: float, pool: int) -> dict | None:
-    """Least-squares line gain = a + b·log2(questions) through each family's out-of-fold vote gains on the curve:
-    the questions it would take for `margin` points, and the gain it gives at `pool` questions (every question the
-    data set holds)."""
+    """Least-squares lines gain = a + b·log2(questions) through each family's out-of-fold vote gains on the curve, all
+    of it and its last three points (the small subsets' heads often lose to majority, so the vote falls back to it and
+    the curve bends: the last three give the steeper, more hopeful slope): the questions each needs for `margin` points
+    and the gain each gives at `pool` questions (every question the data set holds). An extrapolation past the
+    measured range, not a bound."""
     out = {}
     for family in ("exp", "llr"):
         pts = [(math.log2(r["questions"]), r[f"gain_{family}"]) for r in curve if f"gain_{family}" in r]
         if len(pts) < 2:
             return None
-        mx, my = sum(q[0] for q in pts) / len(pts), sum(q[1] for q in pts) / len(pts)
-        b = sum((q[0] - mx) * (q[1] - my) for q in pts) / sum((q[0] - mx) ** 2 for q in pts)
-        a = my - b * mx
-        doublings = None if b <= 1e-6 else (margin - a) / b
-        out[family] = {"intercept": round(a, 3), "per_doubling": round(b, 3),
-                       "questions_needed": None if doublings is None or doublings > 40 else round(2 ** doublings),
-                       "gain_at_pool": round(a + b * math.log2(pool), 2)}
+
+        def fit(p):
+            mx, my = sum(q[0] for q in p) / len(p), sum(q[1] for q in p) / len(p)
+            b = sum((q[0] - mx) * (q[1] - my) for q in p) / sum((q[0] - mx) ** 2 for q in p)
+            a = my - b * mx
+            doublings = None if b <= 1e-6 else (margin - a) / b
+            return {"intercept": round(a, 3), "per_doubling": round(b, 3),
+                    "questions_needed": None if doublings is None or doublings > 40 else round(2 ** doublings),
+                    "beyond": doublings is not None and doublings > 40, "gain_at_pool": round(a + b * math.log2(pool), 2)}
+
+        out[family] = {"all": fit(pts), "last_three": fit(pts[-3:]) if len(pts) >= 3 else None}
     return out
 
 
@@ -289,11 +298,12 @@ def markdown(r: dict) -> str:
                          f"{f['fold_params']} | {f['out_of_fold']}% |")
     lines += ["", "The head's out-of-fold within-question AUC by the training questions each fold's head saw (random "
               "draws; mean, low, high; the last row: every training question of each fold, their mean number):", "",
-              "| questions | AUC | low | high | `exp` vote, out of fold | `llr` vote, out of fold |",
-              "|---:|---:|---:|---:|---:|---:|"]
-    lines += [f"| {c['questions']:g} | {c['auc']} | {c['low']} | {c['high']} | {c.get('gain_exp', '–'):+} | "
-              f"{c.get('gain_llr', '–'):+} |" if "gain_exp" in c else
-              f"| {c['questions']:g} | {c['auc']} | {c['low']} | {c['high']} | – | – |" for c in r["learning_curve"]]
+              "| questions | AUC | low | high | `exp` vote over majority, points (low, high) | `llr` vote over majority "
+              "(low, high) |", "|---:|---:|---:|---:|---:|---:|"]
+    for c in r["learning_curve"]:
+        gains = [f"{c[f'gain_{f}']:+.2f} ({c[f'gain_{f}_low']:+.2f}, {c[f'gain_{f}_high']:+.2f})" if f"gain_{f}" in c
+                 else "–" for f in ("exp", "llr")]
+        lines.append(f"| {c['questions']:g} | {c['auc']} | {c['low']} | {c['high']} | {gains[0]} | {gains[1]} |")
     if r["line"]:
         sec = r["collection_seconds_per_question"]
         for name, line in r["line"].items():
@@ -305,11 +315,20 @@ def markdown(r: dict) -> str:
                          f"{line['per_doubling']:+} a doubling; the smaller AUC above at "
                          + (("more than 2^40 questions" if line["beyond"] else "no number of questions") if n is None
                             else f"~{n:,.0f} questions{cost}") + ".")
-    for family, g in (r.get("gain_line") or {}).items():
-        n = g["questions_needed"]
-        lines.append(f"- `{family}` vote gain, line through every point: {g['per_doubling']:+} a doubling; "
-                     f"+{r['margin']} at " + ("no number of questions" if n is None else f"~{n:,} questions")
-                     + f"; {g['gain_at_pool']:+} at all {r['pool']:,} questions of the data set.")
+    if r.get("gain_line"):
+        lines += ["", "The vote's out-of-fold gain, a straight line in log2(training questions) extrapolated past the "
+                  "measured range (an assumption, not a bound; the points share their questions and majority, the "
+                  "last is one draw, the L2 was chosen on all the data):"]
+    for family, fits in (r.get("gain_line") or {}).items():
+        for name, g in fits.items():
+            if g is None:
+                continue
+            n = g["questions_needed"]
+            reach = ("more than 2^40 questions" if g["beyond"] else "no number of questions") if n is None \
+                else f"~{n:,} questions"
+            lines.append(f"- `{family}` vote gain, line through {'every point' if name == 'all' else 'the last three'}: "
+                         f"{g['per_doubling']:+} a doubling; +{r['margin']} at {reach}; {g['gain_at_pool']:+} at all "
+                         f"{r['pool']:,} questions of the data set.")
     return "\n".join(lines) + "\n"
 
 

@@ -73,8 +73,10 @@ def test_simulated_and_real_votes_and_the_learning_curve(tmp_path, signal):
     assert set(r["real_scores"]) == {"head", "logprob_mean", "logprob_lowest", "combiner-no-share", "combiner"}
     assert real["majority"] == pytest.approx(57.14, abs=0.01)
     assert [c["questions"] for c in curve] == [25, 28]  # folds of 28 training questions: one subset, then all
-    assert all(set(c) >= {"gain_exp", "gain_llr"} for c in curve)
-    assert curve[-1]["gain_exp"] == pytest.approx(real["exp"]["out_of_fold"] - real["majority"], abs=0.01)
+    for c in curve:
+        for f in ("exp", "llr"):
+            assert c[f"gain_{f}_low"] <= c[f"gain_{f}"] <= c[f"gain_{f}_high"]
+            assert -real["majority"] <= c[f"gain_{f}"] <= 100.0 - real["majority"]
     assert set(r["gain_line"]) == {"exp", "llr"} and r["pool"] == vote_bound.GSM8K_TRAIN
     if signal:  # the hidden state says which answers are right, out of fold too
         assert real["auc"] > 0.9 and curve[-1]["auc"] > 0.9
@@ -111,10 +113,19 @@ def test_the_line_through_the_vote_gains():
     curve = [{"questions": q, "gain_exp": g, "gain_llr": 0.5} for q, g in zip((25, 50, 100, 200), (0.0, 0.5, 1.0, 1.5),
                                                                           strict=True)]
     line = vote_bound.extrapolate_gain(curve, 3.0, 6400)
-    assert line["exp"]["per_doubling"] == pytest.approx(0.5)
-    assert line["exp"]["questions_needed"] == pytest.approx(1600)  # 200 · 2^3: three more doublings of +0.5
-    assert line["exp"]["gain_at_pool"] == pytest.approx(4.0)  # 6400 = 200 · 2^5: 1.5 + 5 · 0.5
-    assert line["llr"]["questions_needed"] is None and line["llr"]["gain_at_pool"] == pytest.approx(0.5)
+    assert line["exp"]["all"]["per_doubling"] == pytest.approx(0.5)
+    assert line["exp"]["all"]["questions_needed"] == pytest.approx(1600)  # 200 · 2^3: three more doublings of +0.5
+    assert line["exp"]["all"]["gain_at_pool"] == pytest.approx(4.0)  # 6400 = 200 · 2^5: 1.5 + 5 · 0.5
+    assert line["llr"]["all"]["questions_needed"] is None and line["llr"]["all"]["gain_at_pool"] == pytest.approx(0.5)
+    assert not line["llr"]["all"]["beyond"]
+    bent = [{"questions": q, "gain_exp": g, "gain_llr": g} for q, g in zip((25, 50, 100, 200), (-0.5, 0.0, 1.0, 2.0),
+                                                                       strict=True)]
+    hopeful = vote_bound.extrapolate_gain(bent, 3.0, 400)["exp"]
+    assert hopeful["last_three"]["per_doubling"] == pytest.approx(1.0)  # the bend's steeper end
+    assert hopeful["last_three"]["questions_needed"] == pytest.approx(400)
+    assert hopeful["all"]["per_doubling"] < hopeful["last_three"]["per_doubling"]
+    creeping = [{"questions": 25, "gain_exp": 0.0, "gain_llr": 0.0}, {"questions": 50, "gain_exp": 1e-5, "gain_llr": 0.0}]
+    assert vote_bound.extrapolate_gain(creeping, 3.0, 100)["exp"]["all"]["beyond"]
     assert vote_bound.extrapolate_gain([{"questions": 25, "auc": 0.6}], 3.0, 100) is None
 
 
