@@ -1,13 +1,14 @@
 """What picking the next token costs on Qwen's 151,936-entry vocabulary, against the plain torch ops it replaced.
 
 For 1 and 8 rows of bf16 logits: greedy, the chat default (T 0.7, top-k 40, top-p 0.9, penalty 1.05 over 300 seen
-tokens), RL's unfiltered draw at T 0.7 and the log-prob of the pick that RL and the vote record. `core.decode.sampling`
-is timed beside `reference` (the same computations as plain out-of-place torch ops: `float()`, `argmax`, `softmax`
-+ `multinomial` over the whole vocabulary, `logsumexp`, as Ponder drew until 2026-12-06), in one process, each the
-median of 5 rounds of `per_call_s`. With --decode, the default model's decode speed with each sampler too, alternating
-in one process: one row greedy, 8 parallel answers at the chat default, and 8 at RL's unfiltered T 0.7 (128 tokens
-each, end-of-turn ignored), also with Ponder's sampler taking torch's topk instead of the C shortlist. Writes
-bench/results/sampling[_<tag>].{json,md}.
+tokens), RL's unfiltered draw at T 0.7, the draw of `ponder eval --parallel` and the verifier's collection (T 0.7,
+top-p 0.95, no top-k) and the log-prob of the pick that RL and the vote record. `core.decode.sampling` is timed beside
+`reference` (the same computations as plain out-of-place torch ops: `float()`, `argmax`, `softmax` + `multinomial`
+over the whole vocabulary, `logsumexp`, as Ponder drew until 2026-12-06), in one process, each the median of 5 rounds
+of `per_call_s`. With --decode, the default model's decode speed with each sampler too, alternating
+in one process: one row greedy, 8 parallel answers at the chat default, 8 at RL's unfiltered T 0.7 and 8 at the
+evaluations' draw (128 tokens each, end-of-turn ignored), also with Ponder's sampler taking torch's topk instead of
+the C shortlist. Writes bench/results/sampling[_<tag>].{json,md}.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ CASES = {
     "greedy": SamplingConfig(temperature=0.0, repetition_penalty=1.0),
     "chat default": SamplingConfig(),
     "RL draw (T 0.7, unfiltered)": SamplingConfig(temperature=0.7, top_k=0, top_p=1.0, repetition_penalty=1.0),
+    "eval votes (T 0.7, top-p 0.95)": SamplingConfig(temperature=0.7, top_k=0, top_p=0.95, repetition_penalty=1.0),
 }
 
 
@@ -71,6 +73,9 @@ def decode_speeds(model_id: str | None, rounds: int = 3) -> list[dict]:
                 prompt, replace(SamplingConfig(), max_tokens=128, ignore_eos=True, seed=0), n=8, mode="base")),
             "8 rows, RL draw": lambda: engine_module.collect(engine.parallel(
                 prompt, replace(CASES["RL draw (T 0.7, unfiltered)"], max_tokens=128, ignore_eos=True, seed=0), n=8,
+                mode="base")),
+            "8 rows, eval votes": lambda: engine_module.collect(engine.parallel(
+                prompt, replace(CASES["eval votes (T 0.7, top-p 0.95)"], max_tokens=128, ignore_eos=True, seed=0), n=8,
                 mode="base"))}
     ours, scan = (rows.sample_next, rows.pick_logprobs), sampling.top_candidates
     variants = ("reference", "ponder_torch_topk", "ponder")

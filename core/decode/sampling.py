@@ -100,7 +100,8 @@ def shortlist(logits: torch.Tensor, top_k: int, top_p: float,
     """The top-k / top-p filter on at most SHORTLIST candidates per row, when that is exact: (logits (B, C)
     with -inf outside the filter, their token ids (B, C)); None when a row's nucleus reaches past them.
     top: the C highest logits and their ids, highest first, where the caller has them (`top_candidates`), on the
-    same scale as `logits`; `logits` is then read only when top_k is above SHORTLIST or off."""
+    same scale as `logits`; `logits` is then read only when top_k is above SHORTLIST or off (and None is returned
+    only then)."""
     vocab = logits.shape[-1]
     k = top_k if 0 < top_k < vocab else vocab
     c = min(k, SHORTLIST)
@@ -133,17 +134,17 @@ def sample_next(logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Gene
         return _draw_full(logits, cfg.temperature, generator)
     vocab = logits.shape[-1]
     k = cfg.top_k if 0 < cfg.top_k < vocab else vocab
-    # top-k within the shortlist (the default 40): the k best from one C scan, shifted as the whole row would be (the
-    # first is the row's maximum); torch's topk and the row's shift were most of a sampled token's cost. With k
-    # within the shortlist, the shortlist is always exact.
-    top = top_candidates(logits, k) if k <= SHORTLIST and k < vocab else None
+    c = min(k, SHORTLIST)
+    # the shortlist's c best from one C scan (torch's topk was most of a sampled token's cost), shifted as the whole
+    # row would be (the first is the row's maximum)
+    top = top_candidates(logits, c) if c < vocab and (cfg.top_p < 1.0 or k == c) else None
     if top is not None:
         values, ids = top
-        values, ids = shortlist(logits, k, cfg.top_p, (values.sub_(values[:, :1].clone()).div_(cfg.temperature), ids))
-        return _draw(values, ids, generator)
-    # each row's maximum at 0 first: logits over a tiny temperature (1e-40) would overflow to inf, inf - inf = nan
-    logits = logits.sub_(logits.amax(dim=-1, keepdim=True)).div_(cfg.temperature)
-    short = shortlist(logits, cfg.top_k, cfg.top_p)
+        top = values.sub_(values[:, :1].clone()).div_(cfg.temperature), ids
+    if top is None or k > c:  # a top-p pool wider than the shortlist, and the full filter, read the whole row
+        # each row's maximum at 0 first: logits over a tiny temperature (1e-40) would overflow to inf, inf - inf = nan
+        logits = logits.sub_(logits.amax(dim=-1, keepdim=True)).div_(cfg.temperature)
+    short = shortlist(logits, cfg.top_k, cfg.top_p, top)
     if short is not None:
         return _draw(*short, generator)
     probs = torch.softmax(filter_top_k_top_p(logits, cfg.top_k, cfg.top_p), dim=-1)

@@ -212,7 +212,8 @@ def test_top_candidates_are_the_highest_in_id_order(c):
 @pytest.mark.parametrize("top_k,top_p,scale", [(40, 0.9, 4), (0, 0.9, 4), (10, 1.0, 4), (300, 0.95, 4), (300, 0.95, 0.1)])
 def test_draws_with_the_c_shortlist_equal_the_torch_ones(monkeypatch, top_k, top_p, scale):
     """Same seed, same picks with and without the C op (float32 logits without ties: torch.topk's order is the
-    same), including the repetition penalty and several rows; top-k off or above the shortlist keeps torch's path."""
+    same), including the repetition penalty, several rows, pools wider than the shortlist (top-k off or 300) and
+    (scale 0.1) nuclei wider than it, where the full filter takes over."""
     import core.decode.sampling as sampling
 
     torch.manual_seed(2)
@@ -221,7 +222,7 @@ def test_draws_with_the_c_shortlist_equal_the_torch_ones(monkeypatch, top_k, top
     used, op = [], sampling.top_candidates
     monkeypatch.setattr(sampling, "top_candidates", lambda *a: used.append(a[1]) or op(*a))
     fast = [sampling.sample_next(logits, cfg, g, seen).tolist() for g in [make_generator(3)] for _ in range(30)]
-    assert bool(used) == (0 < top_k <= 256)  # the C scan serves top-k within the shortlist, torch the rest
+    assert bool(used) == (top_p < 1.0 or 0 < top_k <= 256)  # the C scan serves every shortlist
     monkeypatch.setattr(sampling, "top_candidates", lambda *a: None)
     plain = [sampling.sample_next(logits, cfg, g, seen).tolist() for g in [make_generator(3)] for _ in range(30)]
     assert fast == plain
