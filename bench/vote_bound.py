@@ -199,6 +199,18 @@ def learning_curve(data: dict, weight_decay: float, seed: int, draws: int, vote_
     return out
 
 
+def line_to(pts: list[tuple[float, float]], target: float, digits: int = 4) -> dict:
+    """Least-squares line y = a + b·x through (log2 questions, y) points: its intercept, slope a doubling, the
+    questions at which it reaches `target` (None where it does not rise, or only past 2^40 questions: `beyond`)."""
+    mx, my = sum(q[0] for q in pts) / len(pts), sum(q[1] for q in pts) / len(pts)
+    b = sum((q[0] - mx) * (q[1] - my) for q in pts) / sum((q[0] - mx) ** 2 for q in pts)
+    a = my - b * mx
+    doublings = None if b <= 1e-6 else (target - a) / b
+    need = None if doublings is None or doublings > 40 else 2 ** doublings  # 2^40: no data set holds that
+    return {"intercept": round(a, digits), "per_doubling": round(b, digits), "questions_needed": need,
+            "beyond": doublings is not None and doublings > 40}
+
+
 def extrapolate_gain(curve: list[dict], margin: float, pool: int) -> dict | None:
     """Least-squares lines gain = a + b·log2(questions) through each family's out-of-fold vote gains on the curve, all
     of it and its last three points (the small subsets' heads often lose to majority, so the vote falls back to it and
@@ -212,13 +224,10 @@ def extrapolate_gain(curve: list[dict], margin: float, pool: int) -> dict | None
             return None
 
         def fit(p):
-            mx, my = sum(q[0] for q in p) / len(p), sum(q[1] for q in p) / len(p)
-            b = sum((q[0] - mx) * (q[1] - my) for q in p) / sum((q[0] - mx) ** 2 for q in p)
-            a = my - b * mx
-            doublings = None if b <= 1e-6 else (margin - a) / b
-            return {"intercept": round(a, 3), "per_doubling": round(b, 3),
-                    "questions_needed": None if doublings is None or doublings > 40 else round(2 ** doublings),
-                    "beyond": doublings is not None and doublings > 40, "gain_at_pool": round(a + b * math.log2(pool), 2)}
+            line = line_to(p, margin, 3)
+            need = line["questions_needed"]
+            return {**line, "questions_needed": None if need is None else round(need),
+                    "gain_at_pool": round(line["intercept"] + line["per_doubling"] * math.log2(pool), 2)}
 
         out[family] = {"all": fit(pts), "last_three": fit(pts[-3:]) if len(pts) >= 3 else None}
     return out
@@ -230,17 +239,7 @@ def extrapolate(curve: list[dict], target_auc: float | None) -> dict | None:
     pts = [(math.log2(r["questions"]), r["auc"]) for r in curve if r["auc"] is not None]
     if target_auc is None or len(pts) < 2:
         return None
-
-    def fit(p):
-        mx, my = sum(q[0] for q in p) / len(p), sum(q[1] for q in p) / len(p)
-        b = sum((q[0] - mx) * (q[1] - my) for q in p) / sum((q[0] - mx) ** 2 for q in p)
-        a = my - b * mx
-        doublings = None if b <= 1e-6 else (target_auc - a) / b
-        need = None if doublings is None or doublings > 40 else 2 ** doublings  # 2^40: no data set holds that
-        return {"intercept": round(a, 4), "per_doubling": round(b, 4), "questions_needed": need,
-                "beyond": doublings is not None and doublings > 40}
-
-    return {"all": fit(pts), "last_three": fit(pts[-3:]) if len(pts) >= 3 else None}
+    return {"all": line_to(pts, target_auc), "last_three": line_to(pts[-3:], target_auc) if len(pts) >= 3 else None}
 
 
 def run(cache: Path, candidates: Path | None, margin: float, seeds: int, weight_decay: float | None, seed: int,
