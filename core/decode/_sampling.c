@@ -1,5 +1,5 @@
 // The sampler's shortlist in one scan (core.decode.sampling): each row's c highest float32 logits with their ids,
-// highest first, equal values in id order. torch's topk over Qwen's 151,936-entry vocabulary was about half of the
+// highest first, equal values in id order. torch's topk over Qwen's 151,936-entry vocabulary was most of the
 // 0.85-1.0 ms a chat-default token spent sampling inside `generate` (docs/results.md); this scan skips every 64-value
 // block whose maximum cannot enter the candidates, which after the first few blocks is nearly all of them.
 //
