@@ -31,7 +31,8 @@ def window(qtbot, loop, tmp_path):
 
 def test_the_switch_serves_the_windows_engine_and_stops(window, loop):
     port = free_port()
-    window.apply_settings(replace(window.settings, serve=True, serve_port=port))
+    # the window's answer at most 16 tokens, so it is short whatever the tiny random model draws
+    window.apply_settings(replace(window.settings, serve=True, serve_port=port, answer_max_tokens=16))
     url = f"http://127.0.0.1:{port}/v1"
     assert window.server.url == url and url in window.status.text()
     client = openai.OpenAI(base_url=url, api_key="x", max_retries=0, timeout=60)
