@@ -262,7 +262,9 @@ def decode_rows(model, cache, logits: torch.Tensor | None, rows: list[Row], *, t
                         output_hidden_states=bool(scoring), **extra)
         logits = out.logits[:, -1]
         if scoring:
-            scores = verifier.scores(out.hidden_states[-1][scoring, -1])
+            layers = getattr(verifier, "layers", None)  # a collection recording other layers too (core.training.heads)
+            states = [out.hidden_states[i][scoring, -1] for i in (layers or (-1,))]
+            scores = verifier.scores(states[0] if layers is None else torch.stack(states, 1))
             for pos, s in zip(scoring, scores, strict=True):
                 active[pos].score, active[pos].phase = s, "done"
             yield from _moved(active, told)

@@ -40,6 +40,10 @@ def main(argv: list[str]) -> int:
         p.add_argument("--budget", type=int, default=256)
         p.add_argument("--features-cache", type=Path, default=None,
                        help="safetensors file keeping the sampled features and labels (reused when present)")
+        p.add_argument("--layers", type=layer_list, default=(),
+                       help="also record these layers' states at the verification prompt, comma-separated hidden-state "
+                            "indices (0: the embeddings), for `python -m bench.verifier_layers`; the head is still "
+                            "fitted on the final state")
     args = p.parse_args(rest)
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     if what == "switcher" and args.benefit:
@@ -74,6 +78,10 @@ def main(argv: list[str]) -> int:
         engine = load_engine(EngineConfig(model_id=args.model), reasoning=True)
         if not engine.can_reason:
             raise ValueError("the verifier scores reasoning answers: install or train the reasoning adapter first")
+        deepest = engine.model.config.num_hidden_layers
+        if any(i > deepest for i in args.layers):
+            raise SystemExit(f"ponder train verifier: --layers goes up to {deepest} on {args.model} "
+                             f"(0: the embeddings, {deepest}: the final state)")
         per_file = max(1, args.questions // len(args.data))
         ordered = args.offset is not None
         items = [i for f in args.data for i in load_items(f, per_file, offset=args.offset or 0,
@@ -91,6 +99,17 @@ def main(argv: list[str]) -> int:
                                  extras=data.get("extras"), answers=data.get("answers"))
     print(json.dumps(metrics))
     return 0
+
+
+def layer_list(text: str) -> tuple[int, ...]:
+    """`--layers`: comma-separated hidden-state indices ("8,12,16"), each at least 0, none repeated."""
+    try:
+        layers = tuple(int(t) for t in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of layer indices: {text!r}") from None
+    if any(i < 0 for i in layers) or len(set(layers)) != len(layers):
+        raise argparse.ArgumentTypeError(f"layer indices must be distinct and at least 0: {text!r}")
+    return layers
 
 
 def candidates_path(cache: Path) -> Path:
@@ -136,17 +155,19 @@ def collect_verifier_data(engine, items, args, say) -> dict:
 
     from core.training.heads import verifier_data
 
-    path = args.features_cache
+    path, layers = args.features_cache, tuple(getattr(args, "layers", ()))
     start, spent = None, 0.0
     made_by = {"data": json.dumps([str(f) for f in args.data]), "questions": str(args.questions),
                "offset": str(args.offset),
-               "samples": str(args.samples), "budget": str(args.budget), "seed": str(args.seed)}
+               "samples": str(args.samples), "budget": str(args.budget), "seed": str(args.seed),
+               "layers": json.dumps(list(layers))}
+    unset = {"offset": "None", "layers": "[]"}  # keys a cache from before them lacks, and the value it stands for
     if path is not None and path.is_file():
         from safetensors import safe_open
 
         with safe_open(str(path), "pt") as f:
             meta = f.metadata() or {}
-        differ = [k for k, v in made_by.items() if (k in meta or k == "offset") and meta.get(k, "None") != v
+        differ = [k for k, v in made_by.items() if (k in meta or k in unset) and meta.get(k, unset.get(k)) != v
                   and not (k == "questions" and len(args.data) == 1)]
         # other questions of one file: it grows, or its first ones are read (with several files each file's share
         # changes, so the order does)
@@ -160,7 +181,7 @@ def collect_verifier_data(engine, items, args, say) -> dict:
         done = int(saved["done"].item()) if "done" in saved else len(items)
         if "extras" in saved and done > len(items):  # the first questions of a larger cache: what a run of them draws
             first = saved["groups"] < len(items)
-            saved = {**{k: v[first] for k, v in saved.items() if k in ("x", "y", "groups", "extras")},
+            saved = {**{k: v[first] for k, v in saved.items() if k in ("x", "y", "groups", "extras", "layers")},
                      "done": torch.tensor([len(items)])}
             say(f"features: reusing the first {len(items)} of {done} questions in {path} ({len(saved['y'])} "
                 "candidates)")
@@ -201,13 +222,16 @@ def collect_verifier_data(engine, items, args, say) -> dict:
             return
         seconds = (spent or 0.0) + time.monotonic() - started
         tmp = path.with_name(path.name + ".tmp")
-        save_file({"x": compact(state["x"]).contiguous(), "y": state["y"].contiguous(), "groups": state["groups"].contiguous(),
-                   "extras": state["extras"].contiguous(), "done": torch.tensor([state["done"]]),
-                   "seconds": torch.tensor([seconds], dtype=torch.float64)}, str(tmp), metadata=made_by)
+        tensors = {"x": compact(state["x"]).contiguous(), "y": state["y"].contiguous(),
+                   "groups": state["groups"].contiguous(), "extras": state["extras"].contiguous(),
+                   "done": torch.tensor([state["done"]]), "seconds": torch.tensor([seconds], dtype=torch.float64)}
+        if "layers" in state:
+            tensors["layers"] = compact(state["layers"]).contiguous()
+        save_file(tensors, str(tmp), metadata=made_by)
         os.replace(tmp, path)
 
     data = verifier_data(engine, items, samples=args.samples, budget=args.budget, seed=args.seed, report=say,
-                         start=start, save=save, record=record)
+                         start=start, save=save, record=record, layers=layers)
     return {**data, "seconds": (spent or 0.0) + time.monotonic() - started,
             "answers": answers if path is None else sidecar_answers(path, data, say)}
 

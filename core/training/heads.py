@@ -114,7 +114,9 @@ def train_switcher(engine, reason_items: list[Item], chat_items: list[Item], out
 
 
 class _Capture:
-    """Stands in for the verifier while collecting data: keeps each hidden state, returns its index as 'score'."""
+    """Stands in for the verifier while collecting data: keeps each hidden state, returns its index as 'score'.
+    With `layers` (indices into the model's hidden states, 0 the embeddings) it also keeps those layers' states at
+    the same token, which the engine then passes beside the final one (core.decode.rows)."""
 
     vote = "weighted"  # the engine's vote over the captured indices is never used
 
@@ -122,10 +124,15 @@ class _Capture:
     def combines(temperature) -> bool:  # the candidates keep their captured indices as scores
         return False
 
-    def __init__(self):
+    def __init__(self, layers: tuple[int, ...] = ()):
+        self.layers = (*layers, -1) if layers else None
         self.rows: list[torch.Tensor] = []
+        self.layer_rows: list[torch.Tensor] = []
 
     def scores(self, hidden: torch.Tensor) -> list[float]:
+        if self.layers is not None:  # (B, layers + 1, H): the asked layers, then the final state
+            self.layer_rows.extend(h[:-1].clone() for h in hidden)
+            hidden = hidden[:, -1]
         out = []
         for h in hidden:
             self.rows.append(h.float().clone())
@@ -139,25 +146,32 @@ SAMPLING_TEMPERATURE, SAMPLING_TOP_P = 0.7, 0.95
 
 def verifier_data(engine, items: list[Item], *, samples: int = 4, budget: int = 256, answer_max_tokens: int = 128,
                   temperature: float = SAMPLING_TEMPERATURE, seed: int = 0, report=print, start: dict | None = None,
-                  save=None, save_every: int = 8, record=None):
+                  save=None, save_every: int = 8, record=None, layers: tuple[int, ...] = ()):
     """Sample `samples` reasoning answers per question; label each by math-verify against the gold answer.
 
     Returns a dict: x (N, H) hidden states, y (N,) labels, groups (N,) question index, extras (N, 3) (the
     candidate's mean and lowest-window token log-prob, its vote share among the question's samples) and done (the
-    questions behind them). `start`, such a dict, resumes after its `done` questions; `save(state)` gets it every
-    `save_every` questions and at the end, so a long collection survives being stopped. `record(k, item, rows)`
-    gets each question's candidates as JSON rows (text, thinking, lengths, correctness, confidences, vote share)."""
-    capture, saved = _Capture(), engine.verifier
+    questions behind them); with `layers` (hidden-state indices, 0 the embeddings) also `layers` (N, len(layers), H),
+    those layers' states at the same token, as the model computes them (no change of basis). `start`, such a dict,
+    resumes after its `done` questions; `save(state)` gets it every `save_every` questions and at the end, so a long
+    collection survives being stopped. `record(k, item, rows)` gets each question's candidates as JSON rows (text,
+    thinking, lengths, correctness, confidences, vote share)."""
+    capture, saved = _Capture(layers), engine.verifier
     engine.verifier = capture
-    feats, labels, groups, extras, done = [], [], [], [], 0
+    feats, labels, groups, extras, deep, done = [], [], [], [], [], 0
     if start:
         feats, labels, groups = list(start["x"]), start["y"].tolist(), start["groups"].tolist()
         extras, done = start["extras"].tolist(), int(start["done"])
+        deep = list(start["layers"]) if layers else []
 
     def state(k: int) -> dict:
-        return {"x": torch.stack(feats) if feats else torch.empty(0, engine.model.config.hidden_size),
-                "y": torch.tensor(labels), "groups": torch.tensor(groups, dtype=torch.long),
-                "extras": torch.tensor(extras, dtype=torch.float32).view(-1, 3), "done": k}
+        out = {"x": torch.stack(feats) if feats else torch.empty(0, engine.model.config.hidden_size),
+               "y": torch.tensor(labels), "groups": torch.tensor(groups, dtype=torch.long),
+               "extras": torch.tensor(extras, dtype=torch.float32).view(-1, 3), "done": k}
+        if layers:
+            out["layers"] = (torch.stack(deep) if deep else
+                             torch.empty(0, len(layers), engine.model.config.hidden_size, dtype=torch.bfloat16))
+        return out
 
     try:
         for k, item in enumerate(items):
@@ -174,6 +188,8 @@ def verifier_data(engine, items: list[Item], *, samples: int = 4, budget: int = 
             rows = []
             for c, share in zip(kept, shares, strict=True):
                 feats.append(original_basis(engine.model, capture.rows[int(c.score)][None])[0])
+                if layers:
+                    deep.append(capture.layer_rows[int(c.score)])
                 labels.append(1.0 if is_correct(c.text, item.gold) else 0.0)
                 groups.append(k)
                 extras.append([c.logprob_mean, c.logprob_lowest, share])

@@ -165,6 +165,42 @@ def test_a_finished_verifier_cache_grows_when_asked_for_more_questions(engine, t
     rows = [json.loads(r) for r in candidates_path(cache).read_text().splitlines()]
     assert [r["text"] for r in rows] == [json.loads(r)["text"] for r in candidates_path(whole_cache).read_text().splitlines()]
 
+def test_a_collection_records_the_asked_layers_beside_the_final_state(engine, tmp_path):
+    """--layers 0,1,2 on the 2-layer tiny model: index 0 is a token's embedding row, 2 the final (normed) state the
+    head reads, so it equals x; a resumed run keeps them; a cache recorded without them is not continued with them."""
+    from argparse import Namespace
+
+    from safetensors.torch import load_file
+
+    from core.training.head_cli import collect_verifier_data, layer_list
+
+    items = [Item("What is 2+2?", "444", "gsm8k"), Item("What is 3+3?", "555", "gsm8k")]
+    args = dict(data=[str(tmp_path / "q.jsonl")], offset=0, samples=2, budget=4, seed=0)
+    cache, plain = tmp_path / "layers.safetensors", tmp_path / "plain.safetensors"
+    hook = _answer_444_then_555(engine)
+    try:
+        collect_verifier_data(engine, items[:1], Namespace(**args, questions=1, features_cache=cache,
+                                                           layers=(0, 1, 2)), lambda m: None)
+        data = collect_verifier_data(engine, items, Namespace(**args, questions=2, features_cache=cache,
+                                                              layers=(0, 1, 2)), lambda m: None)
+        collect_verifier_data(engine, items[:1], Namespace(**args, questions=1, features_cache=plain), lambda m: None)
+        with pytest.raises(SystemExit, match="other layers"):
+            collect_verifier_data(engine, items, Namespace(**args, questions=2, features_cache=plain,
+                                                           layers=(0, 1, 2)), lambda m: None)
+    finally:
+        hook.remove()
+    deep = data["layers"].float()
+    assert deep.shape == (4, 3, 128) and load_file(str(cache))["layers"].shape == (4, 3, 128)
+    torch.testing.assert_close(deep[:, 2], data["x"].float(), atol=0, rtol=0)
+    table = engine.model.get_input_embeddings().weight.detach().float()
+    assert all(bool((table == row).all(1).any()) for row in deep[:, 0])  # each an embedding row
+    assert not torch.equal(deep[:, 1], deep[:, 2]) and not torch.equal(deep[0, 1], deep[1, 1])
+    assert layer_list("8,12") == (8, 12)
+    for bad in ("8,8", "-1", "x"):
+        with pytest.raises(Exception, match="layer indices"):
+            layer_list(bad)
+
+
 def test_a_verifier_cache_keeps_states_in_bfloat16_only_where_exact():
     """The cache halves its states' bytes when they are bf16 values (a bf16 model's), and keeps any others."""
     from core.training.head_cli import compact
