@@ -57,7 +57,9 @@ def run(cache: Path, candidates: Path | None, seed: int, weight_decay: float | N
     if "layers" not in data:
         raise SystemExit(f"{cache} holds no other layers: collect it with `ponder train verifier --layers ...`")
     with safe_open(str(cache), "pt") as f:
-        layers = json.loads((f.metadata() or {})["layers"])
+        layers = json.loads((f.metadata() or {}).get("layers", "[]"))
+    if len(layers) != data["layers"].shape[1]:
+        raise SystemExit(f"{cache}: its metadata names layers {layers}, but it holds {data['layers'].shape[1]}")
     groups = Groups(rows)
     out = {"cache": cache.name, "questions": groups.n_questions, "candidates": len(rows),
            "right": int(data["y"].sum()), "layers": layers, "seed": seed, "sets": {}}
@@ -92,8 +94,8 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     result = run(args.cache, args.candidates, args.seed, args.weight_decay)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-    args.out.with_suffix(".md").write_text(markdown(result), encoding="utf-8")
+    Path(f"{args.out}.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    Path(f"{args.out}.md").write_text(markdown(result), encoding="utf-8")
     print(markdown(result))
 
 

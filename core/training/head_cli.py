@@ -170,11 +170,15 @@ def collect_verifier_data(engine, items, args, say) -> dict:
         differ = [k for k, v in made_by.items() if (k in meta or k in unset) and meta.get(k, unset.get(k)) != v
                   and not (k == "questions" and len(args.data) == 1)]
         # other questions of one file: it grows, or its first ones are read (with several files each file's share
-        # changes, so the order does)
-        if differ:
-            found = ", ".join(f"{k}={meta.get(k, None)}" for k in differ)
-            raise SystemExit(f"ponder train verifier: {path} was collected with other {', '.join(differ)} "
+        # changes, so the order does); other layers matter only to a run that continues it (checked below)
+
+        def refuse(keys: list[str]) -> None:
+            found = ", ".join(f"{k}={meta.get(k, unset.get(k))}" for k in keys)
+            raise SystemExit(f"ponder train verifier: {path} was collected with other {', '.join(keys)} "
                              f"({found}); give another --features-cache")
+
+        if [k for k in differ if k != "layers"]:
+            refuse([k for k in differ if k != "layers"])
         saved = load_file(str(path))
         saved["x"] = saved["x"].float()  # kept as bfloat16 where that is exact (see save)
         spent = saved["seconds"].item() if "seconds" in saved else None
@@ -193,6 +197,8 @@ def collect_verifier_data(engine, items, args, say) -> dict:
             say(f"features: reusing {path} ({len(saved['y'])} candidates)")
             return {**saved, "seconds": spent, "extras": saved.get("extras"),
                     "answers": sidecar_answers(path, saved, say)}
+        if "layers" in differ:  # its saves would drop the recorded layers, or lack them for the earlier questions
+            refuse(["layers"])
         start = {**saved, "done": done}
         say(f"features: continuing {path} after {done} questions")
     started = time.monotonic()

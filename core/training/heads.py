@@ -170,7 +170,7 @@ def verifier_data(engine, items: list[Item], *, samples: int = 4, budget: int = 
                "extras": torch.tensor(extras, dtype=torch.float32).view(-1, 3), "done": k}
         if layers:
             out["layers"] = (torch.stack(deep) if deep else
-                             torch.empty(0, len(layers), engine.model.config.hidden_size, dtype=torch.bfloat16))
+                             torch.empty(0, len(layers), engine.model.config.hidden_size, dtype=engine.model.dtype))
         return out
 
     try:

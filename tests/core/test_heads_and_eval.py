@@ -183,8 +183,13 @@ def test_a_collection_records_the_asked_layers_beside_the_final_state(engine, tm
                                                            layers=(0, 1, 2)), lambda m: None)
         data = collect_verifier_data(engine, items, Namespace(**args, questions=2, features_cache=cache,
                                                               layers=(0, 1, 2)), lambda m: None)
+        # read as it is, or its first question, by a run without --layers
+        plainly = collect_verifier_data(engine, items, Namespace(**args, questions=2, features_cache=cache),
+                                        lambda m: None)
+        first = collect_verifier_data(engine, items[:1], Namespace(**args, questions=1, features_cache=cache),
+                                      lambda m: None)
         collect_verifier_data(engine, items[:1], Namespace(**args, questions=1, features_cache=plain), lambda m: None)
-        with pytest.raises(SystemExit, match="other layers"):
+        with pytest.raises(SystemExit, match=r"other layers \(layers=\[\]\)"):
             collect_verifier_data(engine, items, Namespace(**args, questions=2, features_cache=plain,
                                                            layers=(0, 1, 2)), lambda m: None)
     finally:
@@ -192,6 +197,7 @@ def test_a_collection_records_the_asked_layers_beside_the_final_state(engine, tm
     deep = data["layers"].float()
     assert deep.shape == (4, 3, 128) and load_file(str(cache))["layers"].shape == (4, 3, 128)
     torch.testing.assert_close(deep[:, 2], data["x"].float(), atol=0, rtol=0)
+    assert torch.equal(plainly["x"], data["x"]) and torch.equal(first["layers"].float(), deep[:2])
     table = engine.model.get_input_embeddings().weight.detach().float()
     assert all(bool((table == row).all(1).any()) for row in deep[:, 0])  # each an embedding row
     assert not torch.equal(deep[:, 1], deep[:, 2]) and not torch.equal(deep[0, 1], deep[1, 1])
