@@ -2,8 +2,9 @@
 another kind): on a collection recorded with `ponder train verifier --layers ...`, the same linear head
 (`core.training.heads`: L2 chosen by 5-fold cross-validation by question, then out-of-fold logits) is fitted on each
 recorded layer, on the final state the shipped head reads, and on all of them side by side; each gets its
-within-question AUC and the out-of-fold weighted votes of `bench.vote_bound` (`exp` and `llr`, parameters chosen on
-the other folds' questions) against majority on the same samples.
+within-question AUC, and the head alone and `bench.vote_rules`' two combiners (its calibrated logit with DeepConf's
+confidences, with and without the vote share) vote by `bench.vote_bound`'s two families (`exp` and `llr`, parameters
+chosen on the other folds' questions), against majority on the same samples.
 
 The recorded layers are the model's own residual states (in a w4-fpt model's transformed basis; the head
 standardises each dimension, so a per-dimension scale is undone, a rotation is not), the final state as heads are
@@ -23,9 +24,8 @@ import torch
 from safetensors import safe_open
 
 from bench.vote_bound import Groups, real_votes
-from bench.vote_rules import load
+from bench.vote_rules import learned_scores, load
 from core.training.combiner import within_question_auc
-from core.training.heads import oof_logits, pick_weight_decay
 
 
 def feature_sets(data: dict, layers: list[int]) -> dict[str, torch.Tensor]:
@@ -37,19 +37,25 @@ def feature_sets(data: dict, layers: list[int]) -> dict[str, torch.Tensor]:
     return sets
 
 
+RULES = ("head", "combiner-no-share", "combiner")
+"""What votes on each feature set: the head alone, and `bench.vote_rules`' two combiners of its calibrated logit
+with DeepConf's two confidences (and the vote share), each out of fold."""
+
+
 def score(x: torch.Tensor, data: dict, rows: list[dict], groups: Groups, seed: int,
           weight_decay: float | None = None) -> dict:
-    """One feature set: its L2 (cross-validated unless given), within-question AUC out of fold, and both vote
-    families out of fold."""
-    y, g = data["y"], data["groups"]
-    cv = {}
-    if weight_decay is None:
-        weight_decay, cv = pick_weight_decay(x, y, g, x.shape[1], seed=seed)
-    logits = oof_logits(x, y, g, x.shape[1], weight_decay, seed=seed).double()
-    votes = real_votes(groups, (logits - logits.mean()) / logits.std().clamp(min=1e-9), rows, seed)
-    return {"dims": x.shape[1], "weight_decay": weight_decay, "cv_auc": {str(k): round(v, 4) for k, v in cv.items()},
-            "auc": round(within_question_auc(logits.float(), y, g), 4), "majority": votes["majority"],
-            "exp": votes["exp"]["out_of_fold"], "llr": votes["llr"]["out_of_fold"]}
+    """One feature set: the head's L2 (cross-validated unless given) and within-question AUC, and each rule's two
+    vote families (`exp`, `llr`), all out of fold."""
+    scores, settings = learned_scores({**data, "x": x}, rows, weight_decay, seed, raw=True)
+    head = scores["head"].double().clamp(1e-12, 1 - 1e-12)
+    logits = {"head": torch.log(head / (1 - head)), **{r: scores[r].double() for r in RULES[1:]}}
+    out = {"dims": x.shape[1], "weight_decay": settings["head_weight_decay"],
+           "auc": round(within_question_auc(logits["head"].float(), data["y"], data["groups"]), 4)}
+    for rule, z in logits.items():
+        votes = real_votes(groups, (z - z.mean()) / z.std().clamp(min=1e-9), rows, seed)
+        out["majority"] = votes["majority"]
+        out[rule] = {f: votes[f]["out_of_fold"] for f in ("exp", "llr")}
+    return out
 
 
 def run(cache: Path, candidates: Path | None, seed: int, weight_decay: float | None = None) -> dict:
@@ -75,12 +81,13 @@ def markdown(r: dict) -> str:
              f"{r['questions']} questions, {r['candidates']} candidates ({r['right']} right); recorded layers "
              f"{r['layers']} (hidden-state indices, 0 the embeddings); every figure out of fold (5 folds by question, "
              f"seed {r['seed']}); majority on the same samples {next(iter(r['sets'].values()))['majority']:.1f}%.", "",
-             "| features | dims | L2 | within-question AUC | vote `exp` | vote `llr` | best gain over majority |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+             "| features | dims | L2 | within-question AUC | head `exp` / `llr` | + confidences | + confidences, "
+             "vote share | best gain over majority |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for name, s in r["sets"].items():
-        gain = max(s["exp"], s["llr"]) - s["majority"]
-        lines.append(f"| {name} | {s['dims']} | {s['weight_decay']:g} | {s['auc']:.3f} | {s['exp']:.1f}% | "
-                     f"{s['llr']:.1f}% | {gain:+.1f} |")
+        cells = [f"{s[rule]['exp']:.1f} / {s[rule]['llr']:.1f}%" for rule in RULES]
+        gain = max(v for rule in RULES for v in s[rule].values()) - s["majority"]
+        lines.append(f"| {name} | {s['dims']} | {s['weight_decay']:g} | {s['auc']:.3f} | {' | '.join(cells)} | "
+                     f"{gain:+.1f} |")
     return "\n".join(lines) + "\n"
 
 
