@@ -24,7 +24,7 @@ import torch
 from safetensors import safe_open
 
 from bench.vote_bound import Groups, real_votes
-from bench.vote_rules import learned_scores, load
+from bench.vote_rules import learned_scores, load, write_report
 from core.training.combiner import within_question_auc
 
 
@@ -100,10 +100,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     result = run(args.cache, args.candidates, args.seed, args.weight_decay)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    Path(f"{args.out}.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-    Path(f"{args.out}.md").write_text(markdown(result), encoding="utf-8")
-    print(markdown(result))
+    write_report(args.out, result, markdown(result))
 
 
 if __name__ == "__main__":

@@ -35,14 +35,13 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import math
 import random
 from pathlib import Path
 
 import torch
 
-from bench.vote_rules import answer_groups, learned_scores, load
+from bench.vote_rules import answer_groups, learned_scores, load, write_report
 from core.training.combiner import within_question_auc
 from core.training.folds import question_folds
 from core.training.heads import VERIFIER_LR, fit_head, oof_logits, pick_weight_decay
@@ -346,10 +345,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     result = run(args.cache, args.candidates, args.margin, args.seeds, args.weight_decay, args.seed, args.curve_seeds,
                  args.pool)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    Path(f"{args.out}.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-    Path(f"{args.out}.md").write_text(markdown(result), encoding="utf-8")
-    print(markdown(result))
+    write_report(args.out, result, markdown(result))
 
 
 if __name__ == "__main__":

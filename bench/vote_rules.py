@@ -226,10 +226,15 @@ def main(argv: list[str] | None = None) -> None:
         settings["shipped"] = str(args.shipped)  # held out only if it was trained on other samples than these:
         settings["shipped_trained_on"] = json.loads((args.shipped / "head.json").read_text()).get("trained_on")
     result = {**compare(data, rows, scores), "settings": settings, "source": str(args.cache)}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    Path(f"{args.out}.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-    Path(f"{args.out}.md").write_text(markdown(result, args.cache.name), encoding="utf-8")
-    print(markdown(result, args.cache.name))
+    write_report(args.out, result, markdown(result, args.cache.name))
+
+
+def write_report(out: Path, result: dict, md: str) -> None:
+    """PREFIX.json and PREFIX.md (a prefix may hold dots), and the table on stdout."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    Path(f"{out}.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    Path(f"{out}.md").write_text(md, encoding="utf-8")
+    print(md)
 
 
 if __name__ == "__main__":
